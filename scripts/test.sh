@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs the whole test suite (unit tests
+# and the multi-rank tests under mpiexec, label `mpi`).
+#
+#   scripts/test.sh [ctest options, e.g. -L mpi or -R kernels]
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+"$root/scripts/setup.sh"
+# Open MPI refuses to run as root unless told that it is intended.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+cd "$root/build"
+ctest --output-on-failure --timeout 600 "$@"
