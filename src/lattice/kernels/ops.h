@@ -1,0 +1,100 @@
+// Every numerical operation lattice's GPT needs, CPU implementations in cpu/.
+//
+// Conventions (all tensors row-major and contiguous unless a leading dimension
+// is given):
+//   N      rows (= B*T tokens of a micro-batch)
+//   Linear weight W is [OC, IC] (as torch.nn.Linear); out = inp · Wᵀ + b.
+//   qkv    [B, T, 3C]: Q = [..., 0:C], K = [..., C:2C], V = [..., 2C:3C];
+//          head h owns columns h*hs .. (h+1)*hs of each part (hs = C / NH).
+//   *_backward_* functions ACCUMULATE (+=) into parameter gradients, so that
+//   gradient accumulation over micro-batches is free; input gradients are
+//   written (=) unless the signature says otherwise.
+// Threads: OpenMP regions and the GEMM library use lattice::set_num_threads().
+#pragma once
+
+#include <cstdint>
+
+#include "lattice/core/dtype.h"
+
+namespace lattice::kernels {
+
+// ---- GEMM -------------------------------------------------------------------
+// C[M,N] = alpha · op(A)[M,K] · op(B)[K,N] + beta · C, row-major, with leading
+// dimensions lda/ldb/ldc (elements). A and B are f32 or bf16 (both the same),
+// C is always f32. Backed by oneDNN (see cpu/gemm.cpp for why).
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const void* A, int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc,
+          DType ab_type = DType::F32);
+
+// ---- Embedding --------------------------------------------------------------
+// out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :]
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C);
+// dwte[tokens[b,t], :] += dout[b,t,:] ; dwpe[t,:] += sum_b dout[b,t,:]
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
+
+// ---- LayerNorm (eps = 1e-5) -------------------------------------------------
+// mean_i = (1/C) Σ_c x_ic ; rstd_i = 1/sqrt((1/C) Σ_c (x_ic - mean_i)² + eps)
+// out_ic = (x_ic - mean_i) · rstd_i · w_c + b_c        (mean, rstd: [N])
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t N, int C);
+// With x̂ = (x - mean)·rstd and g = dout ⊙ w:
+// dinp_ic += rstd_i · (g_ic - mean_c(g_i) - x̂_ic · mean_c(g_i ⊙ x̂_i))   (ACCUMULATES into dinp)
+void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* weight,
+                              const float* mean, const float* rstd, int64_t N, int C);
+// dweight_c += Σ_i dout_ic · x̂_ic ; dbias_c += Σ_i dout_ic
+void layernorm_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp,
+                               const float* mean, const float* rstd, int64_t N, int C);
+
+// ---- Linear -----------------------------------------------------------------
+// out[N,OC] = inp[N,IC] · W[OC,IC]ᵀ + bias (bias may be null)
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int IC, int OC);
+// dinp[N,IC] (= or += when accumulate) dout[N,OC] · W[OC,IC]
+void linear_backward_input(float* dinp, const float* dout, const float* weight, int64_t N, int IC, int OC,
+                           bool accumulate);
+// dW[OC,IC] += doutᵀ · inp ; dbias[OC] += Σ_n dout[n,:] (dbias may be null)
+void linear_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int64_t N, int IC,
+                            int OC);
+
+// ---- GELU, tanh approximation -------------------------------------------------
+// gelu(x) = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+void gelu_forward(float* out, const float* inp, int64_t n);
+// dinp = dout · gelu'(inp)   (written)
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+
+// ---- Elementwise ----------------------------------------------------------------
+void residual_forward(float* out, const float* a, const float* b, int64_t n);  // out = a + b
+void add_inplace(float* a, const float* b, int64_t n);                         // a += b
+void scale_inplace(float* a, float s, int64_t n);                               // a *= s
+// Σ x², accumulated in double so the global grad norm is independent of chunking.
+double sum_squares(const float* x, int64_t n);
+
+// ---- Causal self-attention -----------------------------------------------------
+// For each batch b and head h, with scale = 1/sqrt(hs):
+//   S = scale · Q Kᵀ (causal: S_ij = -inf for j > i), P = softmax_row(S), out = P V
+// Only out and lse_i = log Σ_j exp(S_ij) ([B, NH, T]) are stored; the T×T
+// probabilities are never kept (backward recomputes them from lse).
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+// With D_i = Σ_d dout_id · out_id, P recomputed from lse:
+//   dV = Pᵀ dout ; dP = dout Vᵀ ; dS = P ⊙ (dP - D) ; dQ = scale·dS K ; dK = scale·dSᵀ Q
+// dqkv [B,T,3C] is written (=).
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
+                        int T, int C, int NH);
+
+// ---- Softmax + cross-entropy ------------------------------------------------------
+// Rows of logits [N, Vp]; only the first V columns are real classes (columns
+// V..Vp-1 are padding and never take part). targets in [0, V).
+// losses[i] = logsumexp(logits_i[0:V]) - logits_i[targets_i]
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N, int V, int Vp);
+// Fused forward + backward, in place: writes losses as above and replaces
+// logits by dlogits = dloss · (softmax(logits_i) - onehot(targets_i)), with the
+// padding columns set to 0. One pass over the largest tensor of the model.
+void crossentropy_forward_backward(float* logits_inout, float* losses, const int32_t* targets, int64_t N, int V,
+                                   int Vp, float dloss);
+
+// ---- AdamW ---------------------------------------------------------------------------
+// g = grad·grad_scale ; m = β1 m + (1-β1) g ; v = β2 v + (1-β2) g²
+// p -= lr · ( m/(1-β1^t) / (sqrt(v/(1-β2^t)) + eps) + weight_decay · p )     t = step ≥ 1
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int64_t step, float grad_scale);
+
+}  // namespace lattice::kernels

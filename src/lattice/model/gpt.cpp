@@ -1,0 +1,455 @@
+#include "lattice/model/gpt.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "lattice/core/error.h"
+#include "lattice/kernels/ops.h"
+
+namespace lattice::model {
+
+namespace k = lattice::kernels;
+
+// Parameter order inside a block group.
+enum BlockParam : size_t {
+  kLn1W, kLn1B, kAttnW, kAttnB, kAttnProjW, kAttnProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB
+};
+enum EmbedParam : size_t { kWte, kWpe };
+enum FinalParam : size_t { kLnfW, kLnfB };
+
+// What one layer's forward keeps for backward.
+struct LayerActs {
+  float *ln1, *ln1_mean, *ln1_rstd;  // LN₁(x_l) and its statistics
+  float* qkv;                        // [N, 3C]
+  float* atty;                       // attention output before c_proj [N, C]
+  float* lse;                        // [B, NH, T] log-sum-exp of the scores
+  float* res1;                       // r_l = x_l + Attn(...)
+  float *ln2, *ln2_mean, *ln2_rstd;  // LN₂(r_l)
+  float* fch;                        // c_fc output [N, 4C]
+  float* fch_gelu;                   // GELU(fch)
+};
+
+// Gradients that backward_input produces and backward_weight consumes.
+struct LayerGrads {
+  float* dfch;   // dL/d fch [N, 4C]     (c_fc weight gradient)
+  float* dln2;   // dL/d LN₂ output      (ln_2 weight gradient)
+  float* dres1;  // dL/d r_l             (attn c_proj weight gradient)
+  float* dqkv;   // dL/d qkv [N, 3C]     (c_attn weight gradient)
+  float* dln1;   // dL/d LN₁ output      (ln_1 weight gradient)
+};
+
+struct Slot {
+  int B = 0, T = 0;
+  int64_t capacity_tokens = 0;
+  bool split_capacity = false;  // grads sized for every layer (split backward)
+  Buffer act_mem, grad_mem, token_mem;
+  // Activations.
+  std::vector<float*> x;  // x_0 .. x_L, the residual stream [N, C]
+  std::vector<LayerActs> layers;
+  float *lnf, *lnf_mean, *lnf_rstd;
+  float* logits;  // [N, Vp]; after forward(): dlogits
+  float* losses;  // [N]
+  int32_t* inputs;
+  // Gradients.
+  std::vector<float*> dx;  // dL/dx_0 .. dL/dx_L (split) or two ping-pong buffers (fused)
+  std::vector<LayerGrads> dlayers;
+  float *dlnf, *scratch4c, *scratch_c;
+  // State.
+  bool has_forward = false, has_backward_input = false, split = false;
+};
+
+// Carves a buffer into consecutive float arrays.
+class Carver {
+ public:
+  explicit Carver(float* base) : p_(base) {}
+  float* take(int64_t n) {
+    float* r = p_;
+    p_ += (n + 15) / 16 * 16;  // keep every array 64-byte aligned
+    return r;
+  }
+  int64_t used(const float* base) const { return p_ - base; }
+
+ private:
+  float* p_;
+};
+
+static int64_t carve_activations(Slot* s, float* base, const ModelConfig& c, int64_t N) {
+  const int64_t C = c.n_embd, NH = c.n_head, L = c.n_layer, Vp = c.padded_vocab();
+  Carver cv(base);
+  if (s) s->x.assign(L + 1, nullptr), s->layers.assign(L, LayerActs{});
+  for (int64_t l = 0; l <= L; l++) {
+    float* p = cv.take(N * C);
+    if (s) s->x[l] = p;
+  }
+  for (int64_t l = 0; l < L; l++) {
+    LayerActs a;
+    a.ln1 = cv.take(N * C);
+    a.ln1_mean = cv.take(N);
+    a.ln1_rstd = cv.take(N);
+    a.qkv = cv.take(N * 3 * C);
+    a.atty = cv.take(N * C);
+    a.lse = cv.take(N * NH);
+    a.res1 = cv.take(N * C);
+    a.ln2 = cv.take(N * C);
+    a.ln2_mean = cv.take(N);
+    a.ln2_rstd = cv.take(N);
+    a.fch = cv.take(N * 4 * C);
+    a.fch_gelu = cv.take(N * 4 * C);
+    if (s) s->layers[l] = a;
+  }
+  float* lnf = cv.take(N * C);
+  float* lnf_mean = cv.take(N);
+  float* lnf_rstd = cv.take(N);
+  float* logits = cv.take(N * Vp);
+  float* losses = cv.take(N);
+  if (s) s->lnf = lnf, s->lnf_mean = lnf_mean, s->lnf_rstd = lnf_rstd, s->logits = logits, s->losses = losses;
+  return cv.used(base);
+}
+
+static int64_t carve_grads(Slot* s, float* base, const ModelConfig& c, int64_t N, bool split) {
+  const int64_t C = c.n_embd, L = c.n_layer;
+  Carver cv(base);
+  const int64_t n_dx = split ? L + 1 : 2;
+  const int64_t n_layers = split ? L : 1;
+  std::vector<float*> dx(n_dx);
+  for (auto& p : dx) p = cv.take(N * C);
+  std::vector<LayerGrads> dl(n_layers);
+  for (auto& g : dl) {
+    g.dfch = cv.take(N * 4 * C);
+    g.dln2 = cv.take(N * C);
+    g.dres1 = cv.take(N * C);
+    g.dqkv = cv.take(N * 3 * C);
+    g.dln1 = cv.take(N * C);
+  }
+  float* dlnf = cv.take(N * C);
+  float* s4 = cv.take(N * 4 * C);
+  float* sc = cv.take(N * C);
+  if (s) s->dx = dx, s->dlayers = dl, s->dlnf = dlnf, s->scratch4c = s4, s->scratch_c = sc;
+  return cv.used(base);
+}
+
+GPT::GPT(const ModelConfig& config, uint64_t seed) : config_(config) {
+  config_.validate();
+  const int64_t C = config_.n_embd, L = config_.n_layer, Vp = config_.padded_vocab();
+  // GPT-2 initialisation: weights N(0, 0.02²); the projections that write into
+  // the residual stream (attn.c_proj, mlp.c_proj) N(0, (0.02/√(2L))²) so the
+  // stream's variance does not grow with depth; biases 0; LayerNorm weight 1.
+  const float std_w = 0.02f;
+  const float std_proj = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
+  auto weight = [](const std::string& name, std::vector<int64_t> shape, float std) {
+    ParamInfo p;
+    p.name = name;
+    p.full_shape = std::move(shape);
+    p.init = {InitSpec::Normal, std};
+    p.weight_decay = true;
+    return p;
+  };
+  auto constant = [](const std::string& name, int64_t n, float value) {
+    ParamInfo p;
+    p.name = name;
+    p.full_shape = {n};
+    p.init = {InitSpec::Constant, value};
+    return p;
+  };
+
+  ParamGroup embed("embedding");
+  ParamInfo wte = weight("wte.weight", {Vp, C}, std_w);
+  wte.real_rows = config_.vocab_size;
+  embed.add(wte);
+  embed.add(weight("wpe.weight", {config_.seq_len, C}, std_w));
+  groups_.push_back(std::move(embed));
+
+  for (int64_t l = 0; l < L; l++) {
+    const std::string h = "h." + std::to_string(l) + ".";
+    ParamGroup g(h.substr(0, h.size() - 1));
+    g.add(constant(h + "ln_1.weight", C, 1.0f));
+    g.add(constant(h + "ln_1.bias", C, 0.0f));
+    g.add(weight(h + "attn.c_attn.weight", {3 * C, C}, std_w));
+    g.add(constant(h + "attn.c_attn.bias", 3 * C, 0.0f));
+    g.add(weight(h + "attn.c_proj.weight", {C, C}, std_proj));
+    g.add(constant(h + "attn.c_proj.bias", C, 0.0f));
+    g.add(constant(h + "ln_2.weight", C, 1.0f));
+    g.add(constant(h + "ln_2.bias", C, 0.0f));
+    g.add(weight(h + "mlp.c_fc.weight", {4 * C, C}, std_w));
+    g.add(constant(h + "mlp.c_fc.bias", 4 * C, 0.0f));
+    g.add(weight(h + "mlp.c_proj.weight", {C, 4 * C}, std_proj));
+    g.add(constant(h + "mlp.c_proj.bias", C, 0.0f));
+    groups_.push_back(std::move(g));
+  }
+
+  ParamGroup fin("ln_f");
+  fin.add(constant("ln_f.weight", C, 1.0f));
+  fin.add(constant("ln_f.bias", C, 0.0f));
+  groups_.push_back(std::move(fin));
+
+  for (ParamGroup& g : groups_) {
+    g.allocate();
+    g.initialize(seed);
+  }
+}
+
+GPT::~GPT() = default;
+
+std::pair<ParamGroup*, size_t> GPT::find_param(const std::string& name) {
+  for (ParamGroup& g : groups_)
+    for (size_t i = 0; i < g.params().size(); i++)
+      if (g.params()[i].name == name) return {&g, i};
+  return {nullptr, 0};
+}
+
+size_t GPT::slot_bytes(int B, int T) const {
+  const int64_t N = static_cast<int64_t>(B) * T;
+  return static_cast<size_t>(carve_activations(nullptr, nullptr, config_, N) +
+                             carve_grads(nullptr, nullptr, config_, N, false)) *
+         sizeof(float);
+}
+
+Slot& GPT::slot(int index, int B, int T) {
+  LATTICE_CHECK(B >= 1 && T >= 1, "micro-batch must have B >= 1 and T >= 1, got B=" << B << " T=" << T);
+  LATTICE_CHECK(T <= config_.seq_len,
+                "sequence length " << T << " exceeds model.seq_len=" << config_.seq_len);
+  std::unique_ptr<Slot>* holder;
+  if (index < 0) {
+    holder = &eval_slot_;
+  } else {
+    if (static_cast<size_t>(index) >= slots_.size()) slots_.resize(index + 1);
+    holder = &slots_[index];
+  }
+  if (!*holder) *holder = std::make_unique<Slot>();
+  Slot& s = **holder;
+  const int64_t N = static_cast<int64_t>(B) * T;
+  if (N > s.capacity_tokens) {
+    // First use (or a larger batch): allocate once, reused by every later step.
+    s.act_mem = Buffer(carve_activations(nullptr, nullptr, config_, N) * sizeof(float), MemCategory::Activations);
+    s.token_mem = Buffer(N * sizeof(int32_t), MemCategory::Activations);
+    s.grad_mem.reset();
+    s.capacity_tokens = N;
+  }
+  s.B = B;
+  s.T = T;
+  carve_activations(&s, s.act_mem.as<float>(), config_, N);
+  s.inputs = s.token_mem.as<int32_t>();
+  return s;
+}
+
+void GPT::forward_body(Slot& s, const int32_t* inputs) {
+  const int B = s.B, T = s.T, C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
+  const int64_t N = static_cast<int64_t>(B) * T;
+  const int Vp = config_.padded_vocab();
+  for (int64_t i = 0; i < N; i++) {
+    LATTICE_CHECK(inputs[i] >= 0 && inputs[i] < config_.vocab_size,
+                  "token id " << inputs[i] << " at position " << i << " is outside the vocabulary [0, "
+                              << config_.vocab_size << ")");
+  }
+  std::memcpy(s.inputs, inputs, N * sizeof(int32_t));
+  ParamGroup& e = embedding_group();
+  // x₀ = wte[tokens] + wpe[0..T)
+  k::embedding_forward(s.x[0], inputs, e.param(kWte), e.param(kWpe), B, T, C);
+  for (int l = 0; l < L; l++) {
+    ParamGroup& g = block_group(l);
+    LayerActs& a = s.layers[l];
+    // r = x + c_proj(Attn(c_attn(LN₁(x))))
+    k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, s.x[l], g.param(kLn1W), g.param(kLn1B), N, C);
+    k::linear_forward(a.qkv, a.ln1, g.param(kAttnW), g.param(kAttnB), N, C, 3 * C);
+    k::attention_forward(a.atty, a.lse, a.qkv, B, T, C, NH);
+    k::linear_forward(a.res1, a.atty, g.param(kAttnProjW), g.param(kAttnProjB), N, C, C);
+    k::add_inplace(a.res1, s.x[l], N * C);
+    // x' = r + c_proj(GELU(c_fc(LN₂(r))))
+    k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, g.param(kLn2W), g.param(kLn2B), N, C);
+    k::linear_forward(a.fch, a.ln2, g.param(kFcW), g.param(kFcB), N, C, 4 * C);
+    k::gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
+    k::linear_forward(s.x[l + 1], a.fch_gelu, g.param(kFcProjW), g.param(kFcProjB), N, 4 * C, C);
+    k::add_inplace(s.x[l + 1], a.res1, N * C);
+  }
+  ParamGroup& f = final_group();
+  k::layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.x[L], f.param(kLnfW), f.param(kLnfB), N, C);
+  (void)Vp;
+}
+
+static float mean_of(const float* x, int64_t n) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; i++) sum += x[i];
+  return static_cast<float>(sum / static_cast<double>(n));
+}
+
+float GPT::forward(int slot_index, const int32_t* inputs, const int32_t* targets, int B, int T,
+                   float loss_grad_scale) {
+  LATTICE_CHECK(slot_index >= 0, "slot index must be >= 0, got " << slot_index);
+  Slot& s = slot(slot_index, B, T);
+  LATTICE_CHECK(!s.has_forward, "forward on micro-batch slot " << slot_index << " whose backward has not run");
+  forward_body(s, inputs);
+  const int64_t N = static_cast<int64_t>(B) * T;
+  const int C = config_.n_embd, V = config_.vocab_size, Vp = config_.padded_vocab();
+  for (int64_t i = 0; i < N; i++) {
+    LATTICE_CHECK(targets[i] >= 0 && targets[i] < V,
+                  "target id " << targets[i] << " at position " << i << " is outside the vocabulary [0, " << V
+                               << ")");
+  }
+  // logits = LN_f(x_L) · wteᵀ, then loss and dlogits in one pass:
+  // dlogits = (loss_grad_scale / N) · (softmax - onehot).
+  k::linear_forward(s.logits, s.lnf, embedding_group().param(kWte), nullptr, N, C, Vp);
+  k::crossentropy_forward_backward(s.logits, s.losses, targets, N, V, Vp,
+                                   loss_grad_scale / static_cast<float>(N));
+  s.has_forward = true;
+  return mean_of(s.losses, N);
+}
+
+float GPT::evaluate(const int32_t* inputs, const int32_t* targets, int B, int T) {
+  Slot& s = slot(-1, B, T);
+  forward_body(s, inputs);
+  const int64_t N = static_cast<int64_t>(B) * T;
+  const int C = config_.n_embd, V = config_.vocab_size, Vp = config_.padded_vocab();
+  for (int64_t i = 0; i < N; i++) {
+    LATTICE_CHECK(targets[i] >= 0 && targets[i] < V,
+                  "target id " << targets[i] << " is outside the vocabulary [0, " << V << ")");
+  }
+  k::linear_forward(s.logits, s.lnf, embedding_group().param(kWte), nullptr, N, C, Vp);
+  k::crossentropy_forward(s.losses, s.logits, targets, N, V, Vp);
+  return mean_of(s.losses, N);
+}
+
+const float* GPT::last_logits(const int32_t* inputs, int B, int T) {
+  Slot& s = slot(-1, B, T);
+  forward_body(s, inputs);
+  const int C = config_.n_embd, Vp = config_.padded_vocab();
+  // Only the last position of each row: lnf rows (b, T-1), stride T·C.
+  k::gemm(false, true, B, Vp, C, 1.0f, s.lnf + static_cast<int64_t>(T - 1) * C, static_cast<int64_t>(T) * C,
+          embedding_group().param(kWte), C, 0.0f, s.logits, Vp);
+  return s.logits;
+}
+
+// ---------------------------------------------------------------- backward --
+
+// Makes sure the gradient buffers are laid out for the split (every layer
+// keeps its own) or fused (one layer's worth, reused) backward.
+static void prepare_grads(Slot& s, const ModelConfig& c, bool split) {
+  const int64_t N = static_cast<int64_t>(s.B) * s.T;
+  if (s.grad_mem.empty() || (split && !s.split_capacity) ||
+      static_cast<size_t>(carve_grads(nullptr, nullptr, c, N, split) * sizeof(float)) > s.grad_mem.bytes()) {
+    s.grad_mem = Buffer(carve_grads(nullptr, nullptr, c, s.capacity_tokens, split) * sizeof(float),
+                        MemCategory::Activations);
+    s.split_capacity = split;
+  }
+  carve_grads(&s, s.grad_mem.as<float>(), c, N, split);
+  s.split = split;
+}
+
+// dx index i holds dL/dx_i. Fused: ping-pong between two buffers.
+static float* dx_of(Slot& s, int i) { return s.split ? s.dx[i] : s.dx[i % 2]; }
+static LayerGrads& dlayer_of(Slot& s, int l) { return s.split ? s.dlayers[l] : s.dlayers[0]; }
+
+void GPT::head_backward_input(Slot& s) {
+  const int64_t N = static_cast<int64_t>(s.B) * s.T;
+  const int C = config_.n_embd, L = config_.n_layer, Vp = config_.padded_vocab();
+  ParamGroup& f = final_group();
+  // dlnf = dlogits · wte ;  dx_L = LN_f backward (accumulating into zero)
+  k::linear_backward_input(s.dlnf, s.logits, embedding_group().param(kWte), N, C, Vp, false);
+  float* dxL = dx_of(s, L);
+  std::memset(dxL, 0, N * C * sizeof(float));
+  k::layernorm_backward_input(dxL, s.dlnf, s.x[L], f.param(kLnfW), s.lnf_mean, s.lnf_rstd, N, C);
+}
+
+void GPT::head_backward_weight(Slot& s) {
+  const int64_t N = static_cast<int64_t>(s.B) * s.T;
+  const int C = config_.n_embd, L = config_.n_layer, Vp = config_.padded_vocab();
+  ParamGroup& f = final_group();
+  ParamGroup& e = embedding_group();
+  // d wte += dlogitsᵀ · LN_f(x_L)   (the tied head's share of the wte gradient)
+  k::linear_backward_weight(e.param_grad(kWte), nullptr, s.logits, s.lnf, N, C, Vp);
+  k::layernorm_backward_weight(f.param_grad(kLnfW), f.param_grad(kLnfB), s.dlnf, s.x[L], s.lnf_mean, s.lnf_rstd,
+                               N, C);
+}
+
+void GPT::layer_backward_input(Slot& s, int l) {
+  const int B = s.B, T = s.T, C = config_.n_embd, NH = config_.n_head;
+  const int64_t N = static_cast<int64_t>(B) * T;
+  ParamGroup& g = block_group(l);
+  LayerActs& a = s.layers[l];
+  LayerGrads& d = dlayer_of(s, l);
+  const float* dout = dx_of(s, l + 1);  // dL/dx_{l+1}
+  float* dx = dx_of(s, l);              // dL/dx_l (written here)
+  // MLP: x' = r + fch_gelu·W_projᵀ + b  →  d fch_gelu = dout · W_proj
+  k::linear_backward_input(s.scratch4c, dout, g.param(kFcProjW), N, 4 * C, C, false);
+  k::gelu_backward(d.dfch, a.fch, s.scratch4c, N * 4 * C);
+  k::linear_backward_input(d.dln2, d.dfch, g.param(kFcW), N, C, 4 * C, false);
+  // dr = dout (residual path) + LN₂ backward
+  std::memcpy(d.dres1, dout, N * C * sizeof(float));
+  k::layernorm_backward_input(d.dres1, d.dln2, a.res1, g.param(kLn2W), a.ln2_mean, a.ln2_rstd, N, C);
+  // Attention: r = x + atty·W_projᵀ + b
+  k::linear_backward_input(s.scratch_c, d.dres1, g.param(kAttnProjW), N, C, C, false);
+  k::attention_backward(d.dqkv, s.scratch_c, a.qkv, a.atty, a.lse, B, T, C, NH);
+  k::linear_backward_input(d.dln1, d.dqkv, g.param(kAttnW), N, C, 3 * C, false);
+  // dx = dr (residual path) + LN₁ backward
+  std::memcpy(dx, d.dres1, N * C * sizeof(float));
+  k::layernorm_backward_input(dx, d.dln1, s.x[l], g.param(kLn1W), a.ln1_mean, a.ln1_rstd, N, C);
+}
+
+void GPT::layer_backward_weight(Slot& s, int l) {
+  const int C = config_.n_embd;
+  const int64_t N = static_cast<int64_t>(s.B) * s.T;
+  ParamGroup& g = block_group(l);
+  LayerActs& a = s.layers[l];
+  LayerGrads& d = dlayer_of(s, l);
+  const float* dout = dx_of(s, l + 1);
+  k::linear_backward_weight(g.param_grad(kFcProjW), g.param_grad(kFcProjB), dout, a.fch_gelu, N, 4 * C, C);
+  k::linear_backward_weight(g.param_grad(kFcW), g.param_grad(kFcB), d.dfch, a.ln2, N, C, 4 * C);
+  k::layernorm_backward_weight(g.param_grad(kLn2W), g.param_grad(kLn2B), d.dln2, a.res1, a.ln2_mean, a.ln2_rstd, N,
+                               C);
+  k::linear_backward_weight(g.param_grad(kAttnProjW), g.param_grad(kAttnProjB), d.dres1, a.atty, N, C, C);
+  k::linear_backward_weight(g.param_grad(kAttnW), g.param_grad(kAttnB), d.dqkv, a.ln1, N, C, 3 * C);
+  k::layernorm_backward_weight(g.param_grad(kLn1W), g.param_grad(kLn1B), d.dln1, s.x[l], a.ln1_mean, a.ln1_rstd, N,
+                               C);
+}
+
+void GPT::embedding_backward_weight(Slot& s) {
+  ParamGroup& e = embedding_group();
+  k::embedding_backward(e.param_grad(kWte), e.param_grad(kWpe), dx_of(s, 0), s.inputs, s.B, s.T, config_.n_embd);
+}
+
+static Slot& existing_slot(std::vector<std::unique_ptr<Slot>>& slots, int index) {
+  LATTICE_CHECK(index >= 0 && static_cast<size_t>(index) < slots.size() && slots[index],
+                "micro-batch slot " << index << " has no forward");
+  return *slots[index];
+}
+
+void GPT::backward_input(int slot_index) {
+  Slot& s = existing_slot(slots_, slot_index);
+  LATTICE_CHECK(s.has_forward && !s.has_backward_input,
+                "backward_input on micro-batch slot " << slot_index << " without a pending forward");
+  prepare_grads(s, config_, true);
+  head_backward_input(s);
+  for (int l = config_.n_layer - 1; l >= 0; l--) layer_backward_input(s, l);
+  s.has_backward_input = true;
+}
+
+void GPT::backward_weight(int slot_index) {
+  Slot& s = existing_slot(slots_, slot_index);
+  LATTICE_CHECK(s.has_backward_input, "backward_weight on micro-batch slot " << slot_index
+                                                                           << " before its backward_input");
+  // Same order as backward(): head, blocks from last to first, embedding.
+  head_backward_weight(s);
+  for (int l = config_.n_layer - 1; l >= 0; l--) layer_backward_weight(s, l);
+  embedding_backward_weight(s);
+  s.has_forward = s.has_backward_input = false;
+}
+
+void GPT::backward(int slot_index) {
+  Slot& s = existing_slot(slots_, slot_index);
+  LATTICE_CHECK(s.has_forward && !s.has_backward_input,
+                "backward on micro-batch slot " << slot_index << " without a pending forward");
+  prepare_grads(s, config_, false);
+  head_backward_input(s);
+  head_backward_weight(s);
+  for (int l = config_.n_layer - 1; l >= 0; l--) {
+    layer_backward_input(s, l);
+    layer_backward_weight(s, l);
+  }
+  embedding_backward_weight(s);
+  s.has_forward = false;
+}
+
+void GPT::zero_grad() {
+  for (ParamGroup& g : groups_) g.zero_grad();
+}
+
+}  // namespace lattice::model

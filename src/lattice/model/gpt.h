@@ -1,0 +1,91 @@
+// GPT: token + position embedding → n_layer pre-LayerNorm blocks → final
+// LayerNorm → LM head tied to the token embedding → softmax cross-entropy.
+//
+//   x₀      = wte[tokens] + wpe[positions]
+//   r_l     = x_l + Attn(LN₁(x_l))            (causal, n_head heads, fused QKV)
+//   x_{l+1} = r_l + MLP(LN₂(r_l))             (C → 4C → GELU(tanh) → C)
+//   logits  = LN_f(x_L) · wteᵀ ;  loss = mean CE(logits, targets)
+//
+// Forward and backward are written out by hand (gpt.cpp), llm.c style, over
+// the kernels of lattice/kernels/ops.h.
+//
+// Activations live in per-micro-batch *slots*: forward(slot) stores what the
+// backward of that micro-batch needs, so several micro-batches can be in
+// flight (pipeline schedules). Backward is split in two: backward_input(slot)
+// propagates dX through every layer and keeps the output gradients each
+// weight gradient needs; backward_weight(slot) then does the dW GEMMs and
+// reductions. backward(slot) does both layer by layer — the same arithmetic in
+// the same order, with one layer's gradient buffers instead of all of them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "lattice/model/config.h"
+#include "lattice/model/param_group.h"
+
+namespace lattice::model {
+
+struct Slot;  // one micro-batch's activations (gpt.cpp)
+
+class GPT {
+ public:
+  // Declares, allocates and initialises every parameter from (seed, name, index).
+  GPT(const ModelConfig& config, uint64_t seed);
+  ~GPT();
+  GPT(const GPT&) = delete;
+  GPT& operator=(const GPT&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  // Groups in order: "embedding" (wte, wpe), "h.0" ... "h.{L-1}", "ln_f".
+  std::vector<ParamGroup>& groups() { return groups_; }
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+  ParamGroup& embedding_group() { return groups_.front(); }
+  ParamGroup& block_group(int layer) { return groups_[1 + layer]; }
+  ParamGroup& final_group() { return groups_.back(); }
+  // Finds a parameter by HF name: its group and index, or {nullptr, 0}.
+  std::pair<ParamGroup*, size_t> find_param(const std::string& name);
+
+  // Training forward of one micro-batch of B sequences of T tokens
+  // (inputs/targets are [B·T] token ids). Stores activations in `slot`, and in
+  // the same pass over the logits writes the gradient of
+  //   loss_grad_scale · mean_loss
+  // with respect to the logits, ready for backward. Returns the mean loss.
+  float forward(int slot, const int32_t* inputs, const int32_t* targets, int B, int T, float loss_grad_scale);
+  // dX through every layer (and dX of the embedding); records the dW work.
+  void backward_input(int slot);
+  // The recorded dW work: accumulates (+=) into the groups' gradients and
+  // releases the slot for the next forward.
+  void backward_weight(int slot);
+  // backward_input + backward_weight, layer by layer.
+  void backward(int slot);
+
+  // Mean loss without storing anything for backward (evaluation).
+  float evaluate(const int32_t* inputs, const int32_t* targets, int B, int T);
+  // Logits [B, Vp] of the last position of each of the B sequences (generation).
+  // The pointer is valid until the next call.
+  const float* last_logits(const int32_t* inputs, int B, int T);
+
+  void zero_grad();
+  int64_t num_params() const { return config_.num_params(); }
+  // Bytes of activation memory one micro-batch slot of B×T tokens takes.
+  size_t slot_bytes(int B, int T) const;
+
+ private:
+  Slot& slot(int index, int B, int T);
+  // The forward through the blocks and the final LayerNorm into s.
+  void forward_body(Slot& s, const int32_t* inputs);
+  void layer_backward_input(Slot& s, int l);
+  void layer_backward_weight(Slot& s, int l);
+  void head_backward_input(Slot& s);
+  void head_backward_weight(Slot& s);
+  void embedding_backward_weight(Slot& s);
+
+  ModelConfig config_;
+  std::vector<ParamGroup> groups_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::unique_ptr<Slot> eval_slot_;
+};
+
+}  // namespace lattice::model

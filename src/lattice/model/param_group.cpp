@@ -1,0 +1,87 @@
+#include "lattice/model/param_group.h"
+
+#include <cstring>
+
+#include "lattice/core/error.h"
+#include "lattice/core/rng.h"
+
+namespace lattice::model {
+
+std::vector<int64_t> ShardSpec::local_shape(const std::vector<int64_t>& full) const {
+  std::vector<int64_t> s = full;
+  if (split_dim < 0) return s;
+  LATTICE_CHECK(split_dim < static_cast<int>(full.size()), "shard split_dim " << split_dim << " out of range");
+  LATTICE_CHECK(full[split_dim] % (static_cast<int64_t>(parts) * num_shards) == 0,
+                "dimension " << full[split_dim] << " cannot be split into " << parts << " parts x " << num_shards
+                             << " shards");
+  s[split_dim] = full[split_dim] / num_shards;
+  return s;
+}
+
+int64_t ShardSpec::full_index(const std::vector<int64_t>& full, const std::vector<int64_t>& local,
+                              int64_t local_index) const {
+  if (split_dim < 0) return local_index;
+  // Decompose the local index into coordinates, map the split coordinate, recompose.
+  int64_t idx = local_index, result = 0, stride = 1;
+  for (int d = static_cast<int>(full.size()) - 1; d >= 0; d--) {
+    int64_t coord = idx % local[d];
+    idx /= local[d];
+    if (d == split_dim) {
+      int64_t part_len_local = local[d] / parts;  // length of one part held here
+      int64_t part = coord / part_len_local, within = coord % part_len_local;
+      int64_t part_len_full = full[d] / parts;
+      coord = part * part_len_full + static_cast<int64_t>(shard_index) * part_len_local + within;
+    }
+    result += coord * stride;
+    stride *= full[d];
+  }
+  return result;
+}
+
+void ParamGroup::add(ParamInfo info) {
+  LATTICE_CHECK(data_.empty(), "ParamGroup " << name_ << ": add() after allocate()");
+  info.shape = info.shard.local_shape(info.full_shape);
+  info.offset = numel_;
+  // Each parameter starts on a 64-byte boundary (16 floats) for aligned vector loads.
+  numel_ += (info.numel() + 15) / 16 * 16;
+  params_.push_back(std::move(info));
+}
+
+void ParamGroup::allocate() {
+  data_ = Buffer(static_cast<size_t>(numel_) * sizeof(float), MemCategory::Params);
+  grad_ = Buffer(static_cast<size_t>(numel_) * sizeof(float), MemCategory::Grads);
+}
+
+void ParamGroup::initialize(uint64_t seed) {
+  for (size_t p = 0; p < params_.size(); p++) {
+    const ParamInfo& info = params_[p];
+    float* out = param(p);
+    const int64_t n = info.numel();
+    const uint64_t h = hash_name(info.name);
+    int64_t row_len = 1;
+    for (size_t d = 1; d < info.full_shape.size(); d++) row_len *= info.full_shape[d];
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+      int64_t full = info.shard.full_index(info.full_shape, info.shape, i);
+      if (info.real_rows >= 0 && full / row_len >= info.real_rows) {
+        out[i] = 0.0f;
+      } else if (info.init.kind == InitSpec::Constant) {
+        out[i] = info.init.value;
+      } else {
+        out[i] = init_normal_hashed(seed, h, static_cast<uint64_t>(full)) * info.init.value;
+      }
+    }
+  }
+}
+
+const ParamInfo* ParamGroup::find(const std::string& name) const {
+  for (const ParamInfo& p : params_)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+void ParamGroup::zero_grad() {
+  if (!grad_.empty()) std::memset(grad_.data(), 0, grad_.bytes());
+}
+
+}  // namespace lattice::model

@@ -1,0 +1,96 @@
+// Parameters live in ParamGroups: one flat buffer (and one flat gradient
+// buffer) per transformer block, one for the embeddings, one for the final
+// LayerNorm. A group is the unit of data-parallel bucketing and of ZeRO-3
+// gather/release, and it carries, for every parameter, the Hugging Face GPT-2
+// name, the logical (full) shape and the ShardSpec saying which slice of the
+// full tensor this rank holds.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lattice/core/memory.h"
+
+namespace lattice::model {
+
+// Which slice of the full logical tensor a rank holds. split_dim = -1: the
+// whole tensor (replicated). Otherwise the full tensor is cut along split_dim
+// into num_shards equal pieces and this rank holds piece shard_index. With
+// parts > 1 (fused QKV: parts = 3) the split dimension is first viewed as
+// `parts` equal blocks (Q, K, V), and each block is cut separately, so a rank
+// holds the same heads of Q, K and V.
+struct ShardSpec {
+  int split_dim = -1;
+  int num_shards = 1;
+  int shard_index = 0;
+  int parts = 1;
+
+  // Local shape for a full shape.
+  std::vector<int64_t> local_shape(const std::vector<int64_t>& full) const;
+  // Row-major index in the full tensor of the element at row-major index
+  // `local_index` of this rank's slice.
+  // `local` must be local_shape(full) (passed in so hot loops compute it once).
+  int64_t full_index(const std::vector<int64_t>& full, const std::vector<int64_t>& local, int64_t local_index) const;
+};
+
+// How a parameter starts: N(0, std²) for weights, or a constant.
+struct InitSpec {
+  enum Kind { Normal, Constant } kind = Normal;
+  float value = 0.0f;  // std for Normal, the value for Constant
+};
+
+struct ParamInfo {
+  std::string name;                 // HF GPT-2 name, e.g. "h.3.attn.c_attn.weight"
+  std::vector<int64_t> full_shape;  // logical shape in lattice's layout (Linear: [out, in])
+  std::vector<int64_t> shape;       // the slice held here
+  ShardSpec shard;
+  InitSpec init;
+  bool weight_decay = false;  // AdamW decays 2-D weights only
+  // Rows of the full tensor that are real; rows past it are padding kept at
+  // zero (the vocabulary padding of wte). -1: all rows are real.
+  int64_t real_rows = -1;
+  int64_t offset = 0;  // in elements, within the group's flat buffers
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+class ParamGroup {
+ public:
+  ParamGroup() = default;
+  explicit ParamGroup(std::string name) : name_(std::move(name)) {}
+
+  // Declares a parameter; call allocate() after the last one.
+  void add(ParamInfo info);
+  // Allocates the flat parameter and gradient buffers (gradients zeroed).
+  void allocate();
+  // Fills every parameter from its InitSpec: element i of the full tensor of
+  // parameter `name` gets init_normal(seed, name, i)·std, whatever slice this
+  // rank holds, so every layout starts from the same weights.
+  void initialize(uint64_t seed);
+
+  const std::string& name() const { return name_; }
+  const std::vector<ParamInfo>& params() const { return params_; }
+  const ParamInfo* find(const std::string& name) const;
+  int64_t numel() const { return numel_; }
+
+  float* data() { return data_.as<float>(); }
+  const float* data() const { return data_.as<float>(); }
+  float* grad() { return grad_.as<float>(); }
+  const float* grad() const { return grad_.as<float>(); }
+  float* param(size_t i) { return data() + params_[i].offset; }
+  float* param_grad(size_t i) { return grad() + params_[i].offset; }
+  void zero_grad();
+
+ private:
+  std::string name_;
+  std::vector<ParamInfo> params_;
+  int64_t numel_ = 0;
+  Buffer data_;
+  Buffer grad_;
+};
+
+}  // namespace lattice::model
