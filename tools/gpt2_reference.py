@@ -210,6 +210,9 @@ def strip_prefix(tensors):
 
 def infer_config(tensors, n_head):
     """n_layer, n_embd, vocab_size, n_positions from tensor shapes."""
+    for name in ("wte.weight", "wpe.weight"):
+        if name not in tensors:
+            raise KeyError(f"no tensor {name} (nor transformer.{name}); is this a GPT-2 checkpoint?")
     V, C = tensors["wte.weight"].shape
     Tmax = tensors["wpe.weight"].shape[0]
     layers = {int(k.split(".")[1]) for k in tensors if k.startswith("h.")}
