@@ -1,0 +1,146 @@
+#include "lattice/train/checkpointing.h"
+
+#include <filesystem>
+
+#include "lattice/core/error.h"
+#include "lattice/io/checkpoint.h"
+#include "lattice/io/config.h"
+#include "lattice/io/safetensors.h"
+#include "lattice/train/model_io.h"
+#include "lattice/train/trainer.h"
+
+namespace lattice::train {
+
+namespace fs = std::filesystem;
+
+static const char* kMomentSuffix[2] = {".exp_avg", ".exp_avg_sq"};
+
+std::string Trainer::save_checkpoint() {
+  LATTICE_CHECK(!config_.checkpoint.dir.empty(), "save_checkpoint needs checkpoint.dir");
+  io::CheckpointWriter w(config_.checkpoint.dir, step_);
+  save_model_safetensors(*model_, params_of(*model_), w.path("model.safetensors"),
+                         {{"format", "pt"}, {"n_head", std::to_string(config_.model.n_head)}});
+  {
+    io::SafeTensorsWriter opt;
+    std::vector<HfTensor> moments[2] = {export_hf(*model_, [this](size_t g) { return optimizer_->m(g); }),
+                                        export_hf(*model_, [this](size_t g) { return optimizer_->v(g); })};
+    for (int k = 0; k < 2; k++)
+      for (HfTensor& t : moments[k]) {
+        t.name += kMomentSuffix[k];
+        opt.add(t.name, DType::F32, t.shape, t.data.data());
+      }
+    opt.write(w.path("optimizer.safetensors"));
+  }
+  io::JsonValue meta = io::JsonValue::object();
+  meta.set("config", io::JsonValue::string(io::config_to_toml(config_)));
+  meta.set("adam_steps", io::JsonValue::integer(optimizer_->steps_taken()));
+  meta.set("tokens_seen", io::JsonValue::unsigned_integer(tokens_seen_));
+  meta.set("seed", io::JsonValue::integer(config_.train.seed));
+  meta.set("loss_scale", io::JsonValue::number(1.0));
+  meta.set("train_loader", train_data_->state());
+  return w.commit(std::move(meta), config_.checkpoint.keep);
+}
+
+// The model section of a checkpoint's config must equal this run's.
+static void check_same_model(const io::ModelSection& have, const io::ModelSection& want, const std::string& dir) {
+  auto check = [&](const char* key, long long a, long long b) {
+    LATTICE_CHECK(a == b, "checkpoint '" << dir << "' was trained with model." << key << "=" << a
+                                         << " but this run has model." << key << "=" << b);
+  };
+  check("n_layer", have.n_layer, want.n_layer);
+  check("n_head", have.n_head, want.n_head);
+  check("n_embd", have.n_embd, want.n_embd);
+  check("vocab_size", have.vocab_size, want.vocab_size);
+  check("seq_len", have.seq_len, want.seq_len);
+}
+
+static HfSource source_of(const io::SafeTensorsReader& r, const std::string& suffix) {
+  HfSource src;
+  src.source = "checkpoint file '" + r.path() + "'";
+  src.shape_of = [&r, suffix](const std::string& name, std::vector<int64_t>* shape) {
+    const io::TensorEntry* e = r.find(name + suffix);
+    if (!e) return false;
+    *shape = e->shape;
+    return true;
+  };
+  src.read = [&r, suffix](const std::string& name, int64_t first, int64_t count, float* out) {
+    LATTICE_CHECK(first == 0 && count == r.get(name + suffix).numel(),
+                  r.path() << ": tensor '" << name + suffix << "' has a different size than the model needs");
+    r.read_f32(name + suffix, out, static_cast<size_t>(count));
+  };
+  return src;
+}
+
+void Trainer::load_checkpoint(const std::string& step_dir) {
+  io::verify_checkpoint(step_dir);
+  io::JsonValue meta = io::read_checkpoint_meta(step_dir);
+  io::RunConfig saved = io::parse_config_text(meta.at("config").as_string(), step_dir + "/meta.json config", {});
+  check_same_model(saved.model, config_.model, step_dir);
+  load_model_safetensors(*model_, params_of(*model_), (fs::path(step_dir) / "model.safetensors").string());
+  {
+    io::SafeTensorsReader r((fs::path(step_dir) / "optimizer.safetensors").string());
+    import_hf(*model_, [this](size_t g) { return optimizer_->m(g); }, source_of(r, kMomentSuffix[0]));
+    import_hf(*model_, [this](size_t g) { return optimizer_->v(g); }, source_of(r, kMomentSuffix[1]));
+  }
+  int64_t step = 0, adam = 0;
+  uint64_t tokens = 0;
+  LATTICE_CHECK(meta.at("step").get_i64(&step) && meta.at("adam_steps").get_i64(&adam) &&
+                    meta.at("tokens_seen").get_u64(&tokens),
+                "checkpoint '" << step_dir << "/meta.json' has a malformed step, adam_steps or tokens_seen");
+  step_ = step;
+  optimizer_->set_steps_taken(adam);
+  tokens_seen_ = tokens;
+  train_data_->restore(meta.at("train_loader"));
+  if (is_root_ && options_.print) {
+    std::printf("lattice: resumed from %s (step %lld)\n", step_dir.c_str(), static_cast<long long>(step));
+  }
+}
+
+std::unique_ptr<model::GPT> load_model_for_inference(const std::string& path, int n_head_hint) {
+  LATTICE_CHECK(fs::exists(path), "checkpoint path '" << path << "' does not exist");
+  if (fs::is_directory(path)) {
+    std::string step_dir = io::resolve_checkpoint(path);
+    io::verify_checkpoint(step_dir);
+    io::JsonValue meta = io::read_checkpoint_meta(step_dir);
+    io::RunConfig cfg = io::parse_config_text(meta.at("config").as_string(), step_dir + "/meta.json config", {});
+    model::ModelConfig mc;
+    mc.n_layer = cfg.model.n_layer;
+    mc.n_head = cfg.model.n_head;
+    mc.n_embd = cfg.model.n_embd;
+    mc.vocab_size = cfg.model.vocab_size;
+    mc.seq_len = cfg.model.seq_len;
+    auto gpt = std::make_unique<model::GPT>(mc, 0);
+    load_model_safetensors(*gpt, params_of(*gpt), (fs::path(step_dir) / "model.safetensors").string());
+    return gpt;
+  }
+  // A bare safetensors file: read the shape off the tensors.
+  model::ModelConfig mc;
+  {
+    io::SafeTensorsReader r(path);
+    auto find = [&r](const std::string& name) {
+      const io::TensorEntry* e = r.find(name);
+      return e ? e : r.find("transformer." + name);
+    };
+    const io::TensorEntry* wte = find("wte.weight");
+    const io::TensorEntry* wpe = find("wpe.weight");
+    LATTICE_CHECK(wte && wpe && wte->shape.size() == 2 && wpe->shape.size() == 2,
+                  "'" << path << "' is not a GPT-2 model file: it needs 2-D wte.weight and wpe.weight");
+    mc.vocab_size = static_cast<int>(wte->shape[0]);
+    mc.n_embd = static_cast<int>(wte->shape[1]);
+    mc.seq_len = static_cast<int>(wpe->shape[0]);
+    mc.n_layer = 0;
+    while (find("h." + std::to_string(mc.n_layer) + ".ln_1.weight")) mc.n_layer++;
+    auto it = r.metadata().find("n_head");
+    if (it != r.metadata().end()) {
+      mc.n_head = std::atoi(it->second.c_str());
+    } else {
+      LATTICE_CHECK(n_head_hint > 0, "'" << path << "' does not record n_head in its metadata: pass --n-head (12 for GPT-2 124M)");
+      mc.n_head = n_head_hint;
+    }
+  }
+  auto gpt = std::make_unique<model::GPT>(mc, 0);
+  load_model_safetensors(*gpt, params_of(*gpt), path);
+  return gpt;
+}
+
+}  // namespace lattice::train

@@ -1,0 +1,123 @@
+#include "lattice/train/model_io.h"
+
+#include <cstring>
+
+#include "lattice/core/error.h"
+#include "lattice/core/tensor.h"
+#include "lattice/io/safetensors.h"
+
+namespace lattice::train {
+
+GroupBuffer params_of(model::GPT& model) {
+  return [&model](size_t g) { return model.groups()[g].data(); };
+}
+
+// HF shape of a parameter: Conv1D weights transposed, wte without padding rows.
+static std::vector<int64_t> hf_shape(const model::ParamInfo& p) {
+  std::vector<int64_t> s = p.full_shape;
+  if (p.real_rows >= 0) s[0] = p.real_rows;
+  if (p.hf_conv1d) std::swap(s[0], s[1]);
+  return s;
+}
+
+std::vector<HfTensor> export_hf(model::GPT& model, const GroupBuffer& buffer) {
+  std::vector<HfTensor> out;
+  for (size_t g = 0; g < model.groups().size(); g++) {
+    const model::ParamGroup& group = model.groups()[g];
+    const float* base = buffer(g);
+    for (const model::ParamInfo& p : group.params()) {
+      LATTICE_CHECK(p.shard.split_dim < 0, "export of sharded parameter " << p.name << " needs a gather first");
+      HfTensor t;
+      t.name = p.name;
+      t.shape = hf_shape(p);
+      int64_t n = 1;
+      for (int64_t d : t.shape) n *= d;
+      t.data.resize(n);
+      const float* src = base + p.offset;
+      if (p.hf_conv1d) {
+        // lattice [out, in] → HF [in, out]
+        const int64_t rows = p.full_shape[0], cols = p.full_shape[1];
+        for (int64_t r = 0; r < rows; r++)
+          for (int64_t c = 0; c < cols; c++) t.data[c * rows + r] = src[r * cols + c];
+      } else {
+        std::memcpy(t.data.data(), src, n * sizeof(float));
+      }
+      out.push_back(std::move(t));
+    }
+  }
+  return out;
+}
+
+void import_hf(model::GPT& model, const GroupBuffer& buffer, const HfSource& src) {
+  for (size_t g = 0; g < model.groups().size(); g++) {
+    model::ParamGroup& group = model.groups()[g];
+    float* base = buffer(g);
+    for (const model::ParamInfo& p : group.params()) {
+      std::vector<int64_t> want = hf_shape(p), have;
+      LATTICE_CHECK(src.shape_of(p.name, &have), src.source << ": no tensor '" << p.name << "' (shape "
+                                                            << shape_string(want) << ") for this model");
+      bool ok = have == want;
+      // A longer position table is accepted: the first model.seq_len rows are used.
+      if (!ok && p.name == "wpe.weight" && have.size() == 2 && have[1] == want[1] && have[0] > want[0]) ok = true;
+      LATTICE_CHECK(ok, src.source << ": tensor '" << p.name << "' has shape " << shape_string(have)
+                                   << " but this model needs " << shape_string(want)
+                                   << " (check model.n_layer/n_head/n_embd/vocab_size/seq_len)");
+      float* dst = base + p.offset;
+      int64_t n = 1;
+      for (int64_t d : want) n *= d;
+      if (p.hf_conv1d) {
+        std::vector<float> tmp(n);
+        src.read(p.name, 0, n, tmp.data());
+        const int64_t rows = p.full_shape[0], cols = p.full_shape[1];  // lattice [out, in]
+        for (int64_t r = 0; r < rows; r++)
+          for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = tmp[c * rows + r];
+      } else {
+        src.read(p.name, 0, n, dst);
+        if (p.real_rows >= 0) {  // padding rows stay zero
+          const int64_t row = p.full_shape[1];
+          std::memset(dst + p.real_rows * row, 0, (p.full_shape[0] - p.real_rows) * row * sizeof(float));
+        }
+      }
+    }
+  }
+}
+
+void save_model_safetensors(model::GPT& model, const GroupBuffer& buffer, const std::string& path,
+                            const std::vector<std::pair<std::string, std::string>>& metadata) {
+  std::vector<HfTensor> tensors = export_hf(model, buffer);
+  io::SafeTensorsWriter w;
+  for (const HfTensor& t : tensors) w.add(t.name, DType::F32, t.shape, t.data.data());
+  for (const auto& [k, v] : metadata) w.set_metadata(k, v);
+  w.write(path);
+}
+
+void load_model_safetensors(model::GPT& model, const GroupBuffer& buffer, const std::string& path) {
+  io::SafeTensorsReader r(path);
+  // Hub files of GPT2LMHeadModel prefix names with "transformer."; accept both.
+  auto resolve = [&r](const std::string& name) -> const io::TensorEntry* {
+    if (const io::TensorEntry* e = r.find(name)) return e;
+    return r.find("transformer." + name);
+  };
+  HfSource src;
+  src.source = "checkpoint file '" + path + "'";
+  src.shape_of = [&](const std::string& name, std::vector<int64_t>* shape) {
+    const io::TensorEntry* e = resolve(name);
+    if (!e) return false;
+    *shape = e->shape;
+    return true;
+  };
+  src.read = [&](const std::string& name, int64_t first, int64_t count, float* out) {
+    const io::TensorEntry* e = resolve(name);
+    int64_t total = e->numel();
+    if (first == 0 && count == total) {
+      r.read_f32(e->name, out, static_cast<size_t>(count));
+      return;
+    }
+    std::vector<float> all(total);
+    r.read_f32(e->name, all.data(), static_cast<size_t>(total));
+    std::memcpy(out, all.data() + first, count * sizeof(float));
+  };
+  import_hf(model, buffer, src);
+}
+
+}  // namespace lattice::train

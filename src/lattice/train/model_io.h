@@ -1,0 +1,54 @@
+// The model (and optimizer state) as Hugging Face GPT-2 tensors.
+//
+// lattice keeps Linear weights as [out, in] and pads wte to a multiple of 128
+// rows; Hugging Face's GPT-2 `model.safetensors` stores its Conv1D weights as
+// [in, out] and wte as [vocab_size, C], with the LM head tied to wte and not
+// stored. These functions translate, so GPT-2 weights from the Hub load into
+// lattice and a lattice checkpoint opens in transformers.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "lattice/model/gpt.h"
+
+namespace lattice::train {
+
+// Which buffer of the groups to read or write.
+enum class ModelBuffer { Params, AdamM, AdamV };
+
+struct HfTensor {
+  std::string name;
+  std::vector<int64_t> shape;  // HF layout
+  std::vector<float> data;
+};
+
+// `state(g)` returns the flat buffer of group g for `which` (params, m or v).
+using GroupBuffer = std::function<float*(size_t group)>;
+
+// Every parameter as a full logical tensor in HF layout.
+std::vector<HfTensor> export_hf(model::GPT& model, const GroupBuffer& buffer);
+
+// Fills every parameter from `lookup(name)`, which returns nullptr when the
+// tensor is absent (an error naming it) or a pointer to its shape and f32 data.
+// Shapes must match HF layout exactly, except that wpe may have more rows than
+// model.seq_len (the first rows are used, so 1024-position GPT-2 weights can
+// fine-tune at a shorter context). `source` names the file in errors.
+struct HfSource {
+  // Shape of tensor `name`, or false if absent.
+  std::function<bool(const std::string& name, std::vector<int64_t>* shape)> shape_of;
+  // Reads `count` f32 values of tensor `name` starting at element `first`.
+  std::function<void(const std::string& name, int64_t first, int64_t count, float* out)> read;
+  std::string source;
+};
+void import_hf(model::GPT& model, const GroupBuffer& buffer, const HfSource& src);
+
+// Convenience wrappers over safetensors files.
+void save_model_safetensors(model::GPT& model, const GroupBuffer& buffer, const std::string& path,
+                            const std::vector<std::pair<std::string, std::string>>& metadata = {});
+void load_model_safetensors(model::GPT& model, const GroupBuffer& buffer, const std::string& path);
+
+GroupBuffer params_of(model::GPT& model);
+
+}  // namespace lattice::train

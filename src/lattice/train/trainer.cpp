@@ -1,0 +1,296 @@
+#include "lattice/train/trainer.h"
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "lattice/comm/runtime.h"
+#include "lattice/core/error.h"
+#include "lattice/core/memory.h"
+#include "lattice/core/threads.h"
+#include "lattice/core/timer.h"
+#include "lattice/io/checkpoint.h"
+#include "lattice/io/metrics.h"
+#include "lattice/io/safetensors.h"
+#include "lattice/train/model_io.h"
+
+namespace lattice::train {
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+// Installs SIGINT/SIGTERM handlers for the lifetime of a run() and restores
+// the previous ones after, so a second Ctrl-C during the final save still
+// kills the process the usual way.
+class StopSignalScope {
+ public:
+  StopSignalScope() {
+    g_stop_signal.store(0);
+    old_int_ = std::signal(SIGINT, on_stop_signal);
+    old_term_ = std::signal(SIGTERM, on_stop_signal);
+  }
+  ~StopSignalScope() {
+    std::signal(SIGINT, old_int_);
+    std::signal(SIGTERM, old_term_);
+  }
+
+ private:
+  void (*old_int_)(int);
+  void (*old_term_)(int);
+};
+
+model::ModelConfig model_config_of(const io::RunConfig& c) {
+  model::ModelConfig m;
+  m.n_layer = c.model.n_layer;
+  m.n_head = c.model.n_head;
+  m.n_embd = c.model.n_embd;
+  m.vocab_size = c.model.vocab_size;
+  m.seq_len = c.model.seq_len;
+  return m;
+}
+
+std::string human_count(double x) {
+  char buf[32];
+  if (x >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2fB", x / 1e9);
+  else if (x >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", x / 1e6);
+  else if (x >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fK", x / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", x);
+  return buf;
+}
+
+}  // namespace
+
+double peak_gflops_per_core() {
+  if (const char* env = std::getenv("LATTICE_PEAK_GFLOPS_PER_CORE")) {
+    char* end = nullptr;
+    double v = std::strtod(env, &end);
+    LATTICE_CHECK(end != env && *end == '\0' && v > 0,
+                  "LATTICE_PEAK_GFLOPS_PER_CORE must be a positive number, got '" << env << "'");
+    return v;
+  }
+  return 175.0;
+}
+
+Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
+    : config_(config), options_(options), model_config_(model_config_of(config)) {
+  io::validate_config(config_);
+  model_config_.validate();
+  is_root_ = comm::world_rank() == 0;
+  const auto& p = config_.parallel;
+  // Every parallel dimension arrives with its own issue; until then a run is
+  // one process and any size > 1 is refused here, naming the key.
+  LATTICE_CHECK(comm::world_size() == 1,
+                "this run was started on " << comm::world_size()
+                                           << " ranks, but no parallel dimension is implemented yet "
+                                              "(parallel.dp, tp, pp, cp, ep must be 1): run lattice without mpiexec");
+  for (auto [key, value] : {std::pair<const char*, int>{"parallel.dp", p.dp}, {"parallel.tp", p.tp},
+                            {"parallel.pp", p.pp}, {"parallel.cp", p.cp}, {"parallel.ep", p.ep}}) {
+    LATTICE_CHECK(value == 1, key << "=" << value << " is not implemented yet; set " << key << "=1");
+  }
+  LATTICE_CHECK(p.zero_stage == 0, "parallel.zero_stage=" << p.zero_stage << " is not implemented yet; set 0");
+  LATTICE_CHECK(config_.precision.compute == "f32",
+                "precision.compute=" << config_.precision.compute << " is not implemented yet; set f32");
+  LATTICE_CHECK(config_.compression.grad == "none",
+                "compression.grad=" << config_.compression.grad << " is not implemented yet; set none");
+  LATTICE_CHECK(config_.model.seq_len >= 1, "model.seq_len must be >= 1");
+
+  set_num_threads(config_.train.threads);
+  peak_flops_ = peak_gflops_per_core() * 1e9 * num_threads();
+
+  const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
+  const uint64_t seed = static_cast<uint64_t>(config_.train.seed);
+  model_ = std::make_unique<model::GPT>(model_config_, seed);
+  if (!config_.checkpoint.init_from.empty()) {
+    load_model_safetensors(*model_, params_of(*model_), config_.checkpoint.init_from);
+  }
+  optim::AdamWConfig ac;
+  ac.beta1 = static_cast<float>(config_.optim.beta1);
+  ac.beta2 = static_cast<float>(config_.optim.beta2);
+  ac.eps = static_cast<float>(config_.optim.eps);
+  ac.weight_decay = static_cast<float>(config_.optim.weight_decay);
+  optimizer_ = std::make_unique<optim::AdamW>(model_->groups(), ac);
+
+  const int V = config_.model.vocab_size;
+  if (config_.data.train.empty()) {
+    train_data_ = make_synthetic_source(B, T, V, seed, 0, 0, 1);
+    val_data_ = make_synthetic_source(B, T, V, seed, 1, 0, 1);
+  } else {
+    train_data_ = make_shard_source(config_.data.train, B, T, V, seed, true, 0, 1);
+    if (!config_.data.val.empty()) val_data_ = make_shard_source(config_.data.val, B, T, V, seed, false, 0, 1);
+  }
+  inputs_.resize(static_cast<size_t>(B) * T);
+  targets_.resize(static_cast<size_t>(B) * T);
+
+  if (!config_.log.metrics_file.empty() && is_root_) {
+    metrics_ = std::make_unique<io::MetricsWriter>(config_.log.metrics_file);
+  }
+  if (!config_.checkpoint.resume.empty()) {
+    LATTICE_CHECK(!config_.checkpoint.dir.empty() || config_.checkpoint.resume != "latest",
+                  "checkpoint.resume=latest needs checkpoint.dir to say where to look");
+    std::string spec = config_.checkpoint.resume == "latest" ? config_.checkpoint.dir : config_.checkpoint.resume;
+    load_checkpoint(io::resolve_checkpoint(spec));
+  }
+}
+
+Trainer::~Trainer() = default;
+
+StepStats Trainer::train_step() {
+  Timer timer;
+  const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
+  const int accum = config_.train.grad_accum_steps;
+  model_->zero_grad();
+  double loss = 0;
+  for (int m = 0; m < accum; m++) {
+    train_data_->next(inputs_.data(), targets_.data());
+    loss += model_->forward(0, inputs_.data(), targets_.data(), B, T, 1.0f / static_cast<float>(accum));
+    model_->backward(0);
+  }
+  loss /= accum;
+  const double norm = optim::global_grad_norm(model_->groups());
+  const float lr = optim::lr_at(step_, config_.train.steps, config_.optim.warmup_steps,
+                                static_cast<float>(config_.optim.lr), static_cast<float>(config_.optim.min_lr));
+  LATTICE_CHECK(std::isfinite(loss) && std::isfinite(norm),
+                "step " << step_ + 1 << ": loss " << loss << ", grad norm " << norm
+                        << " is not finite; lower optim.lr or check the data");
+  optimizer_->step(lr, optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)));
+  step_++;
+  const double tokens = static_cast<double>(B) * T * accum;
+  tokens_seen_ += static_cast<uint64_t>(tokens);
+
+  StepStats s;
+  s.step = step_;
+  s.loss = loss;
+  s.lr = lr;
+  s.grad_norm = norm;
+  s.step_ms = timer.millis();
+  s.tokens_per_sec = tokens / (s.step_ms / 1e3);
+  s.mfu = s.tokens_per_sec * model_config_.flops_per_token(T) / peak_flops_;
+  s.peak_mem_bytes = MemoryTracker::instance().peak_total();
+  return s;
+}
+
+double Trainer::evaluate() {
+  if (!val_data_) return -1;
+  const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
+  val_data_->reset();
+  double sum = 0;
+  for (int i = 0; i < config_.train.eval_steps; i++) {
+    val_data_->next(inputs_.data(), targets_.data());
+    sum += model_->evaluate(inputs_.data(), targets_.data(), B, T);
+  }
+  return sum / config_.train.eval_steps;
+}
+
+void Trainer::print_header() const {
+  if (!options_.print || !is_root_) return;
+  const auto& m = config_.model;
+  std::printf("lattice: GPT %s parameters (n_layer=%d n_head=%d n_embd=%d vocab=%d seq_len=%d)\n",
+              human_count(static_cast<double>(model_->num_params())).c_str(), m.n_layer, m.n_head, m.n_embd,
+              m.vocab_size, m.seq_len);
+  std::printf("lattice: batch %d x %d tokens x %d accumulation = %d tokens/step, %lld steps, %d threads\n",
+              config_.train.micro_batch_size, m.seq_len, config_.train.grad_accum_steps,
+              config_.train.micro_batch_size * m.seq_len * config_.train.grad_accum_steps,
+              static_cast<long long>(config_.train.steps), num_threads());
+  std::printf("lattice: data %s\n", train_data_->describe().c_str());
+  if (val_data_ && config_.train.eval_every > 0)
+    std::printf("lattice: eval every %lld steps on %s\n", static_cast<long long>(config_.train.eval_every),
+                val_data_->describe().c_str());
+  std::printf("lattice: MFU relative to %.0f GFLOP/s (%d threads x %.0f; set LATTICE_PEAK_GFLOPS_PER_CORE)\n",
+              peak_flops_ / 1e9, num_threads(), peak_gflops_per_core());
+  std::fflush(stdout);
+}
+
+void Trainer::print_step(const StepStats& s) const {
+  if (!options_.print || !is_root_) return;
+  char val[48] = "";
+  if (s.val_loss >= 0) std::snprintf(val, sizeof val, " | val %.4f", s.val_loss);
+  std::printf("step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %.1f ms | %s tok/s | MFU %.1f%% | mem %s\n",
+              static_cast<int>(std::to_string(config_.train.steps).size()), static_cast<long long>(s.step),
+              static_cast<long long>(config_.train.steps), s.loss, val, s.lr, s.grad_norm, s.step_ms,
+              human_count(s.tokens_per_sec).c_str(), 100.0 * s.mfu,
+              format_bytes(static_cast<double>(s.peak_mem_bytes)).c_str());
+  std::fflush(stdout);
+}
+
+int Trainer::run() {
+  StopSignalScope signals;
+  print_header();
+  Timer total;
+  const int64_t first_step = step_;
+  while (step_ < config_.train.steps) {
+    StepStats s = train_step();
+    const bool last = step_ == config_.train.steps;
+    if (val_data_ && config_.train.eval_every > 0 && (step_ % config_.train.eval_every == 0 || last)) {
+      s.val_loss = evaluate();
+    }
+    history_.push_back(s);
+    if (config_.log.every > 0 && (step_ % config_.log.every == 0 || last || s.val_loss >= 0)) print_step(s);
+    if (metrics_) {
+      std::vector<std::pair<std::string, double>> fields = {
+          {"step", static_cast<double>(s.step)}, {"loss", s.loss},
+          {"lr", s.lr},
+          {"grad_norm", s.grad_norm},
+          {"step_ms", s.step_ms},
+          {"tokens_per_sec", s.tokens_per_sec},
+          {"mfu", s.mfu},
+          {"peak_mem_bytes", static_cast<double>(s.peak_mem_bytes)},
+          {"tokens", static_cast<double>(tokens_seen_)}};
+      if (s.val_loss >= 0) fields.push_back({"val_loss", s.val_loss});
+      metrics_->write(fields);
+    }
+    const bool want_ckpt = !config_.checkpoint.dir.empty() &&
+                           ((config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0) || last);
+    if (g_stop_signal.load() != 0) {
+      if (is_root_ && options_.print)
+        std::printf("lattice: interrupted (signal %d) after step %lld\n", g_stop_signal.load(),
+                    static_cast<long long>(step_));
+      if (!config_.checkpoint.dir.empty()) {
+        std::string dir = save_checkpoint();
+        if (is_root_ && options_.print) std::printf("lattice: saved %s; resume with --set checkpoint.resume=latest\n", dir.c_str());
+      } else if (is_root_ && options_.print) {
+        std::printf("lattice: no checkpoint.dir set, nothing saved\n");
+      }
+      std::fflush(stdout);
+      return 130;
+    }
+    if (want_ckpt) {
+      std::string dir = save_checkpoint();
+      if (is_root_ && options_.print) std::printf("lattice: saved checkpoint %s\n", dir.c_str());
+    }
+  }
+  if (options_.print && is_root_) {
+    const int64_t ran = step_ - first_step;
+    double tok_s = 0;
+    // Steady-state throughput: skip the first step (allocation, warm-up) when there are others.
+    double ms = 0;
+    int counted = 0;
+    for (size_t i = history_.size() > 1 ? 1 : 0; i < history_.size(); i++, counted++) ms += history_[i].step_ms;
+    if (counted > 0 && ms > 0)
+      tok_s = counted * static_cast<double>(config_.train.micro_batch_size) * config_.model.seq_len *
+              config_.train.grad_accum_steps / (ms / 1e3);
+    std::printf("lattice: done, %lld steps in %.1f s, final loss %.4f", static_cast<long long>(ran),
+                total.seconds(), history_.empty() ? 0.0 : history_.back().loss);
+    for (auto it = history_.rbegin(); it != history_.rend(); ++it)
+      if (it->val_loss >= 0) {
+        std::printf(", val loss %.4f", it->val_loss);
+        break;
+      }
+    std::printf(", %s tok/s, MFU %.1f%%\n", human_count(tok_s).c_str(),
+                100.0 * tok_s * model_config_.flops_per_token(config_.model.seq_len) / peak_flops_);
+    std::printf("lattice: peak memory %s\n", MemoryTracker::instance().summary().c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace lattice::train
