@@ -1,0 +1,668 @@
+#include "lattice/io/config.h"
+
+#include <algorithm>
+#include <charconv>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+#include <type_traits>
+
+#include <toml++/toml.h>
+
+#include "lattice/core/error.h"
+#include "lattice/io/file_util.h"
+#include "lattice/io/json.h"
+
+namespace lattice::io {
+
+namespace {
+
+// ---------------------------------------------------------------- key table
+
+enum class Kind { Int, Int64, Float, Bool, String, LossScale };
+
+// Valid values of one key: a numeric interval (ends open or closed) or, for
+// strings, a list of choices (empty = any string).
+struct Constraint {
+  double lo = -std::numeric_limits<double>::infinity();
+  double hi = std::numeric_limits<double>::infinity();
+  bool lo_open = false;
+  bool hi_open = false;
+  std::vector<const char*> choices;
+};
+
+Constraint any() { return {}; }
+Constraint at_least(double lo) { return {lo, Constraint().hi, false, false, {}}; }
+Constraint above(double lo) { return {lo, Constraint().hi, true, false, {}}; }
+Constraint closed(double lo, double hi) { return {lo, hi, false, false, {}}; }
+Constraint closed_open(double lo, double hi) { return {lo, hi, false, true, {}}; }
+Constraint open_closed(double lo, double hi) { return {lo, hi, true, false, {}}; }
+Constraint one_of(std::vector<const char*> choices) {
+  Constraint c;
+  c.choices = std::move(choices);
+  return c;
+}
+
+struct Key {
+  const char* section;
+  const char* name;
+  Kind kind;
+  void* (*field)(RunConfig&);
+  Constraint valid;
+  const char* help;
+
+  std::string full_name() const { return std::string(section) + "." + name; }
+  template <typename T>
+  T& ref(RunConfig& c) const { return *static_cast<T*>(field(c)); }
+  template <typename T>
+  const T& ref(const RunConfig& c) const { return *static_cast<T*>(field(const_cast<RunConfig&>(c))); }
+};
+
+template <auto Section, auto Member>
+void* field_of(RunConfig& c) {
+  return &((c.*Section).*Member);
+}
+
+template <typename T>
+constexpr Kind kind_of() {
+  if constexpr (std::is_same_v<T, int>) return Kind::Int;
+  else if constexpr (std::is_same_v<T, int64_t>) return Kind::Int64;
+  else if constexpr (std::is_same_v<T, double>) return Kind::Float;
+  else if constexpr (std::is_same_v<T, bool>) return Kind::Bool;
+  else return Kind::String;
+}
+
+// key<&RunConfig::train, &TrainSection::steps>("train", "steps", at_least(1), "...")
+template <auto Section, auto Member>
+Key key(const char* section, const char* name, Constraint valid, const char* help) {
+  using T = std::remove_cvref_t<decltype(std::declval<RunConfig&>().*Section.*Member)>;
+  static_assert(std::is_same_v<T, int> || std::is_same_v<T, int64_t> || std::is_same_v<T, double> ||
+                std::is_same_v<T, bool> || std::is_same_v<T, std::string>);
+  return Key{section, name, kind_of<T>(), &field_of<Section, Member>, std::move(valid), help};
+}
+
+const std::vector<const char*>& section_names() {
+  static const std::vector<const char*> names = {"model",       "parallel", "train",      "optim", "precision",
+                                                 "compression", "data",     "checkpoint", "log"};
+  return names;
+}
+
+const std::vector<Key>& keys() {
+  using R = RunConfig;
+  static const std::vector<Key> table = [] {
+    std::vector<Key> k = {
+        key<&R::model, &ModelSection::n_layer>("model", "n_layer", at_least(1), "number of transformer blocks"),
+        key<&R::model, &ModelSection::n_head>("model", "n_head", at_least(1), "attention heads per block"),
+        key<&R::model, &ModelSection::n_embd>("model", "n_embd", at_least(1),
+                                              "width of the residual stream; a multiple of n_head"),
+        key<&R::model, &ModelSection::vocab_size>("model", "vocab_size", at_least(1),
+                                                  "vocabulary size (GPT-2 BPE: 50257)"),
+        key<&R::model, &ModelSection::seq_len>("model", "seq_len", at_least(1),
+                                               "context length in tokens (number of positions)"),
+
+        key<&R::parallel, &ParallelSection::dp>("parallel", "dp", at_least(1),
+                                                "data-parallel degree: model replicas, each on its own part of the batch"),
+        key<&R::parallel, &ParallelSection::tp>("parallel", "tp", at_least(1),
+                                                "tensor-parallel degree: each weight matrix split over tp ranks"),
+        key<&R::parallel, &ParallelSection::pp>("parallel", "pp", at_least(1),
+                                                "pipeline-parallel degree: stages of consecutive layers"),
+        key<&R::parallel, &ParallelSection::cp>("parallel", "cp", at_least(1),
+                                                "context-parallel degree: attention over sequence chunks (ring)"),
+        key<&R::parallel, &ParallelSection::ep>("parallel", "ep", at_least(1),
+                                                "expert-parallel degree: MoE experts spread over ranks"),
+        key<&R::parallel, &ParallelSection::zero_stage>(
+            "parallel", "zero_stage", closed(0, 3),
+            "ZeRO stage: 0 replicated, 1 shards optimizer state, 2 also gradients, 3 also parameters"),
+        key<&R::parallel, &ParallelSection::sequence_parallel>(
+            "parallel", "sequence_parallel", any(),
+            "shard LayerNorm/dropout regions along the sequence inside the TP group"),
+        key<&R::parallel, &ParallelSection::schedule>("parallel", "schedule",
+                                                      one_of({"gpipe", "1f1b", "interleaved", "zb-h1"}),
+                                                      "pipeline schedule"),
+        key<&R::parallel, &ParallelSection::virtual_stages>(
+            "parallel", "virtual_stages", at_least(1), "model chunks per pipeline rank (interleaved schedule)"),
+        key<&R::parallel, &ParallelSection::microbatches>("parallel", "microbatches", at_least(1),
+                                                          "micro-batches per step pushed through the pipeline"),
+        key<&R::parallel, &ParallelSection::bucket_mb>("parallel", "bucket_mb", above(0),
+                                                       "data-parallel gradient bucket size in MiB"),
+
+        key<&R::train, &TrainSection::micro_batch_size>("train", "micro_batch_size", at_least(1),
+                                                        "sequences per micro-batch on each data-parallel rank"),
+        key<&R::train, &TrainSection::grad_accum_steps>("train", "grad_accum_steps", at_least(1),
+                                                        "micro-batches accumulated per optimizer step"),
+        key<&R::train, &TrainSection::steps>("train", "steps", at_least(1), "optimizer steps to run"),
+        key<&R::train, &TrainSection::seed>("train", "seed", at_least(0),
+                                            "seed of parameter init, synthetic data and sampling"),
+        key<&R::train, &TrainSection::eval_every>("train", "eval_every", at_least(0),
+                                                  "evaluate on data.val every N steps (0 = never)"),
+        key<&R::train, &TrainSection::eval_steps>("train", "eval_steps", at_least(1), "batches per evaluation"),
+        key<&R::train, &TrainSection::threads>("train", "threads", at_least(0),
+                                               "CPU threads per process (0 = all cores)"),
+
+        key<&R::optim, &OptimSection::lr>("optim", "lr", at_least(0), "peak learning rate (reached after warmup)"),
+        key<&R::optim, &OptimSection::min_lr>("optim", "min_lr", at_least(0),
+                                              "learning rate at the end of the cosine decay; <= lr"),
+        key<&R::optim, &OptimSection::warmup_steps>("optim", "warmup_steps", at_least(0),
+                                                    "steps of linear warmup from 0 to lr"),
+        key<&R::optim, &OptimSection::weight_decay>("optim", "weight_decay", at_least(0),
+                                                    "AdamW decoupled weight decay"),
+        key<&R::optim, &OptimSection::beta1>("optim", "beta1", closed_open(0, 1), "Adam first-moment decay"),
+        key<&R::optim, &OptimSection::beta2>("optim", "beta2", closed_open(0, 1), "Adam second-moment decay"),
+        key<&R::optim, &OptimSection::eps>("optim", "eps", above(0), "Adam epsilon in the denominator"),
+        key<&R::optim, &OptimSection::grad_clip>("optim", "grad_clip", at_least(0),
+                                                 "clip the global gradient L2 norm to this (0 = no clipping)"),
+
+        key<&R::precision, &PrecisionSection::compute>(
+            "precision", "compute", one_of({"f32", "bf16", "f16"}),
+            "compute dtype of weights and activations; master weights and optimizer state stay f32"),
+        Key{"precision", "loss_scale", Kind::LossScale,
+            &field_of<&R::precision, &PrecisionSection::loss_scale>, above(0),
+            "\"dynamic\" or a fixed positive loss scale (matters for f16)"},
+        key<&R::precision, &PrecisionSection::loss_scale_init>("precision", "loss_scale_init", above(0),
+                                                               "initial dynamic loss scale"),
+        key<&R::precision, &PrecisionSection::loss_scale_window>(
+            "precision", "loss_scale_window", at_least(1), "overflow-free steps before the dynamic scale doubles"),
+
+        key<&R::compression, &CompressionSection::grad>("compression", "grad",
+                                                        one_of({"none", "int8", "topk", "onebit"}),
+                                                        "compression of data-parallel gradients"),
+        key<&R::compression, &CompressionSection::error_feedback>(
+            "compression", "error_feedback", any(), "carry each step's compression error into the next step"),
+        key<&R::compression, &CompressionSection::topk_ratio>("compression", "topk_ratio", open_closed(0, 1),
+                                                              "fraction of gradient entries kept by topk"),
+
+        key<&R::data, &DataSection::train>("data", "train", any(),
+                                           "glob of training .bin shards (empty = synthetic random tokens)"),
+        key<&R::data, &DataSection::val>("data", "val", any(), "glob of validation .bin shards (empty = none)"),
+
+        key<&R::checkpoint, &CheckpointSection::dir>("checkpoint", "dir", any(),
+                                                     "directory of checkpoints (empty = no checkpoints)"),
+        key<&R::checkpoint, &CheckpointSection::every>("checkpoint", "every", at_least(0),
+                                                       "write a checkpoint every N steps (0 = never)"),
+        key<&R::checkpoint, &CheckpointSection::keep>("checkpoint", "keep", at_least(0),
+                                                      "keep the newest N checkpoints (0 = keep all)"),
+        key<&R::checkpoint, &CheckpointSection::resume>(
+            "checkpoint", "resume", any(),
+            "\"\" starts fresh, \"latest\" resumes from the newest checkpoint in dir, or a checkpoint path"),
+        key<&R::checkpoint, &CheckpointSection::init_from>(
+            "checkpoint", "init_from", any(), "initialise weights from this safetensors file (HF GPT-2 names)"),
+
+        key<&R::log, &LogSection::every>("log", "every", at_least(1), "print a step line every N steps"),
+        key<&R::log, &LogSection::metrics_file>("log", "metrics_file", any(),
+                                                "append one JSON object per step to this file (empty = none)"),
+        key<&R::log, &LogSection::trace_file>("log", "trace_file", any(),
+                                              "write a Chrome trace JSON of the run here (empty = none)"),
+    };
+    return k;
+  }();
+  return table;
+}
+
+const Key* find_key(std::string_view section, std::string_view name) {
+  for (const Key& k : keys())
+    if (section == k.section && name == k.name) return &k;
+  return nullptr;
+}
+
+bool is_section(std::string_view name) {
+  for (const char* s : section_names())
+    if (name == s) return true;
+  return false;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// Closest candidate within a small edit distance, or "" when nothing is close.
+std::string closest(std::string_view word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
+  for (const std::string& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  return best;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
+  return out;
+}
+
+std::string unknown_section_message(const std::string& section) {
+  std::vector<std::string> names(section_names().begin(), section_names().end());
+  std::string msg = "unknown section '[" + section + "]' (valid sections: " + join(names) + ")";
+  std::string guess = closest(section, names);
+  if (!guess.empty()) msg += "; did you mean '[" + guess + "]'?";
+  return msg;
+}
+
+std::string unknown_key_message(const std::string& section, const std::string& name) {
+  std::vector<std::string> names;
+  for (const Key& k : keys())
+    if (section == k.section) names.push_back(k.name);
+  std::string msg = "unknown key '" + section + "." + name + "' (valid keys in [" + section + "]: " + join(names) + ")";
+  std::string guess;
+  for (const Key& k : keys())
+    if (name == k.name) guess = k.full_name();  // right name, wrong section
+  if (guess.empty()) {
+    std::string near = closest(name, names);
+    if (!near.empty()) guess = section + "." + near;
+  }
+  if (!guess.empty()) msg += "; did you mean '" + guess + "'?";
+  return msg;
+}
+
+// ---------------------------------------------------------------- values
+
+std::string format_double(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  std::string s = json_number(x);
+  // TOML needs a '.' or an exponent to read a float back as a float.
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string toml_quote(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    unsigned char c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\f': out += "\\f"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04X", c);
+          out += buf;
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// A value as it arrived (from TOML or from --set text), before it is checked
+// against a key. `shown` is how the error message quotes it.
+struct RawValue {
+  enum class Type { Int, Float, Bool, String, Other } type = Type::Other;
+  int64_t i = 0;
+  double f = 0;
+  bool b = false;
+  std::string s;
+  std::string shown;
+};
+
+std::string format_bound(double x) {
+  if (x == std::floor(x) && std::fabs(x) < 1e15) return std::to_string(static_cast<int64_t>(x));
+  return format_double(x);
+}
+
+// "an integer >= 1", "a number in [0, 1)", "one of f32, bf16, f16" ...
+std::string describe(const Key& k) {
+  const Constraint& v = k.valid;
+  bool has_lo = std::isfinite(v.lo), has_hi = std::isfinite(v.hi);
+  std::string range;
+  bool integer = k.kind == Kind::Int || k.kind == Kind::Int64;
+  if (has_lo && has_hi) {
+    if (integer) range = " in " + format_bound(v.lo) + ".." + format_bound(v.hi);
+    else
+      range = std::string(" in ") + (v.lo_open ? "(" : "[") + format_bound(v.lo) + ", " + format_bound(v.hi) +
+              (v.hi_open ? ")" : "]");
+  } else if (has_lo) {
+    range = std::string(v.lo_open ? " > " : " >= ") + format_bound(v.lo);
+  } else if (has_hi) {
+    range = std::string(v.hi_open ? " < " : " <= ") + format_bound(v.hi);
+  }
+  switch (k.kind) {
+    case Kind::Int:
+    case Kind::Int64: return "an integer" + range;
+    case Kind::Float: return "a number" + range;
+    case Kind::Bool: return "true or false";
+    case Kind::LossScale: return "\"dynamic\" or a number" + range;
+    case Kind::String:
+      if (v.choices.empty()) return "a string";
+      {
+        std::string s = "one of ";
+        for (size_t i = 0; i < v.choices.size(); ++i) s += (i ? ", " : "") + std::string(v.choices[i]);
+        return s;
+      }
+  }
+  return "?";
+}
+
+bool in_range(const Constraint& v, double x) {
+  if (!std::isfinite(x)) return false;
+  if (v.lo_open ? !(x > v.lo) : !(x >= v.lo)) return false;
+  if (v.hi_open ? !(x < v.hi) : !(x <= v.hi)) return false;
+  return true;
+}
+
+[[noreturn]] void bad_value(const Key& k, const std::string& shown, const std::string& where) {
+  LATTICE_FAIL(k.full_name() << " must be " << describe(k) << ", got " << shown << where);
+}
+
+// Checks raw against k and stores it in cfg. `where` is appended to errors.
+void assign(const Key& k, RunConfig& cfg, const RawValue& raw, const std::string& where) {
+  using T = RawValue::Type;
+  switch (k.kind) {
+    case Kind::Int:
+    case Kind::Int64: {
+      if (raw.type != T::Int || !in_range(k.valid, static_cast<double>(raw.i))) bad_value(k, raw.shown, where);
+      if (k.kind == Kind::Int) {
+        LATTICE_CHECK(raw.i <= INT_MAX && raw.i >= INT_MIN,
+                      k.full_name() << " must be " << describe(k) << " and at most " << INT_MAX << ", got "
+                                    << raw.shown << where);
+        k.ref<int>(cfg) = static_cast<int>(raw.i);
+      } else {
+        k.ref<int64_t>(cfg) = raw.i;
+      }
+      return;
+    }
+    case Kind::Float: {
+      double x = raw.type == T::Int ? static_cast<double>(raw.i) : raw.f;
+      if ((raw.type != T::Int && raw.type != T::Float) || !in_range(k.valid, x)) bad_value(k, raw.shown, where);
+      k.ref<double>(cfg) = x;
+      return;
+    }
+    case Kind::Bool:
+      if (raw.type != T::Bool) bad_value(k, raw.shown, where);
+      k.ref<bool>(cfg) = raw.b;
+      return;
+    case Kind::String: {
+      if (raw.type != T::String) bad_value(k, raw.shown, where);
+      if (!k.valid.choices.empty() &&
+          std::none_of(k.valid.choices.begin(), k.valid.choices.end(), [&](const char* c) { return raw.s == c; }))
+        bad_value(k, raw.shown, where);
+      k.ref<std::string>(cfg) = raw.s;
+      return;
+    }
+    case Kind::LossScale: {
+      if (raw.type == T::String && raw.s == "dynamic") {
+        k.ref<double>(cfg) = 0;
+        return;
+      }
+      double x = raw.type == T::Int ? static_cast<double>(raw.i) : raw.f;
+      if ((raw.type != T::Int && raw.type != T::Float) || !in_range(k.valid, x)) bad_value(k, raw.shown, where);
+      k.ref<double>(cfg) = x;
+      return;
+    }
+  }
+}
+
+// The TOML literal of a key's current value.
+std::string value_literal(const Key& k, const RunConfig& cfg) {
+  switch (k.kind) {
+    case Kind::Int: return std::to_string(k.ref<int>(cfg));
+    case Kind::Int64: return std::to_string(k.ref<int64_t>(cfg));
+    case Kind::Float: return format_double(k.ref<double>(cfg));
+    case Kind::Bool: return k.ref<bool>(cfg) ? "true" : "false";
+    case Kind::String: return toml_quote(k.ref<std::string>(cfg));
+    case Kind::LossScale: {
+      double x = k.ref<double>(cfg);
+      return x == 0 ? "\"dynamic\"" : format_double(x);
+    }
+  }
+  return "?";
+}
+
+// The current value as a RawValue, to re-check a config built in code.
+RawValue current_raw(const Key& k, const RunConfig& cfg) {
+  RawValue r;
+  r.shown = value_literal(k, cfg);
+  switch (k.kind) {
+    case Kind::Int: r.type = RawValue::Type::Int; r.i = k.ref<int>(cfg); break;
+    case Kind::Int64: r.type = RawValue::Type::Int; r.i = k.ref<int64_t>(cfg); break;
+    case Kind::Float: r.type = RawValue::Type::Float; r.f = k.ref<double>(cfg); break;
+    case Kind::Bool: r.type = RawValue::Type::Bool; r.b = k.ref<bool>(cfg); break;
+    case Kind::String: r.type = RawValue::Type::String; r.s = k.ref<std::string>(cfg); break;
+    case Kind::LossScale:
+      if (k.ref<double>(cfg) == 0) {
+        r.type = RawValue::Type::String;
+        r.s = "dynamic";
+      } else {
+        r.type = RawValue::Type::Float;
+        r.f = k.ref<double>(cfg);
+      }
+      break;
+  }
+  return r;
+}
+
+RawValue raw_from_toml(const toml::node& node) {
+  RawValue r;
+  if (auto v = node.as_integer()) {
+    r.type = RawValue::Type::Int;
+    r.i = v->get();
+    r.shown = std::to_string(r.i);
+  } else if (auto v = node.as_floating_point()) {
+    r.type = RawValue::Type::Float;
+    r.f = v->get();
+    r.shown = format_double(r.f);
+  } else if (auto v = node.as_boolean()) {
+    r.type = RawValue::Type::Bool;
+    r.b = v->get();
+    r.shown = r.b ? "true" : "false";
+  } else if (auto v = node.as_string()) {
+    r.type = RawValue::Type::String;
+    r.s = v->get();
+    r.shown = toml_quote(r.s);
+  } else if (node.is_array()) {
+    r.shown = "an array";
+  } else if (node.is_table()) {
+    r.shown = "a table";
+  } else {
+    r.shown = "a date/time";
+  }
+  return r;
+}
+
+bool parse_int(std::string_view text, int64_t* out) {
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);
+  return ec == std::errc() && end == text.data() + text.size() && !text.empty();
+}
+
+bool parse_float(std::string_view text, double* out) {
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);
+  return ec == std::errc() && end == text.data() + text.size() && !text.empty();
+}
+
+// --set values are typed by the key: "10" is an integer for train.steps and a
+// string for data.train; strings need no quotes (surrounding quotes are removed).
+RawValue raw_from_text(const Key& k, std::string text) {
+  RawValue r;
+  if (text.size() >= 2 && text.front() == '"' && text.back() == '"') text = text.substr(1, text.size() - 2);
+  r.shown = toml_quote(text);
+  switch (k.kind) {
+    case Kind::Int:
+    case Kind::Int64:
+    case Kind::Float:
+    case Kind::LossScale:
+      if (parse_int(text, &r.i)) {
+        r.type = RawValue::Type::Int;
+        r.shown = text;
+      } else if (parse_float(text, &r.f)) {
+        r.type = RawValue::Type::Float;
+        r.shown = text;
+      } else {
+        r.type = RawValue::Type::String;
+        r.s = text;
+      }
+      break;
+    case Kind::Bool:
+      if (text == "true" || text == "false") {
+        r.type = RawValue::Type::Bool;
+        r.b = text == "true";
+        r.shown = text;
+      } else {
+        r.type = RawValue::Type::String;
+        r.s = text;
+      }
+      break;
+    case Kind::String:
+      r.type = RawValue::Type::String;
+      r.s = text;
+      break;
+  }
+  return r;
+}
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  size_t e = s.find_last_not_of(" \t");
+  return s.substr(b, e - b + 1);
+}
+
+std::string location(const std::string& source, const toml::node& node) {
+  std::ostringstream os;
+  os << " (config file '" << source << "'";
+  if (node.source().begin.line > 0) os << " line " << node.source().begin.line;
+  os << ")";
+  return os.str();
+}
+
+void apply_toml(RunConfig& cfg, const toml::table& root, const std::string& source) {
+  for (auto&& [section_key, section_node] : root) {
+    std::string section(section_key.str());
+    if (!is_section(section)) {
+      if (!section_node.is_table()) {
+        // A key outside any section: point at the section it belongs to.
+        std::string msg = "key '" + section + "' must be inside a section";
+        for (const Key& k : keys())
+          if (section == k.name) msg += "; did you mean '" + k.full_name() + "' (under [" + k.section + "])?";
+        if (msg.find("did you mean") == std::string::npos)
+          msg += " (valid sections: " + join({section_names().begin(), section_names().end()}) + ")";
+        LATTICE_FAIL(msg << location(source, section_node));
+      }
+      LATTICE_FAIL(unknown_section_message(section) << location(source, section_node));
+    }
+    const toml::table* table = section_node.as_table();
+    LATTICE_CHECK(table != nullptr, "'" << section << "' must be a section ([" << section << "]), got "
+                                        << raw_from_toml(section_node).shown << location(source, section_node));
+    for (auto&& [name_key, value_node] : *table) {
+      std::string name(name_key.str());
+      const Key* k = find_key(section, name);
+      LATTICE_CHECK(k != nullptr, unknown_key_message(section, name) << location(source, value_node));
+      assign(*k, cfg, raw_from_toml(value_node), location(source, value_node));
+    }
+  }
+}
+
+void check_cross_keys(const RunConfig& cfg) {
+  LATTICE_CHECK(cfg.model.n_embd % cfg.model.n_head == 0,
+                "model.n_embd=" << cfg.model.n_embd << " is not divisible by model.n_head=" << cfg.model.n_head);
+  LATTICE_CHECK(cfg.optim.min_lr <= cfg.optim.lr, "optim.min_lr=" << format_double(cfg.optim.min_lr)
+                                                                  << " must be <= optim.lr="
+                                                                  << format_double(cfg.optim.lr));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- API
+
+void apply_override(RunConfig& cfg, const std::string& override_text) {
+  size_t eq = override_text.find('=');
+  std::string lhs = eq == std::string::npos ? "" : trim(override_text.substr(0, eq));
+  size_t dot = lhs.find('.');
+  LATTICE_CHECK(eq != std::string::npos && dot != std::string::npos && dot > 0 && dot + 1 < lhs.size(),
+                "--set expects section.key=value, got '" << override_text << "'");
+  std::string section = lhs.substr(0, dot), name = lhs.substr(dot + 1);
+  std::string where = " (from --set " + override_text + ")";
+  LATTICE_CHECK(is_section(section), unknown_section_message(section) << where);
+  const Key* k = find_key(section, name);
+  LATTICE_CHECK(k != nullptr, unknown_key_message(section, name) << where);
+  assign(*k, cfg, raw_from_text(*k, override_text.substr(eq + 1)), where);
+}
+
+void validate_config(const RunConfig& cfg) {
+  RunConfig scratch;
+  for (const Key& k : keys()) assign(k, scratch, current_raw(k, cfg), "");
+  check_cross_keys(cfg);
+}
+
+RunConfig parse_config_text(const std::string& toml_text, const std::string& source_name,
+                            const std::vector<std::string>& overrides) {
+  RunConfig cfg;
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, source_name);
+  } catch (const toml::parse_error& e) {
+    LATTICE_FAIL("config file '" << source_name << "' line " << e.source().begin.line << ": " << e.description());
+  }
+  apply_toml(cfg, root, source_name);
+  for (const std::string& o : overrides) apply_override(cfg, o);
+  check_cross_keys(cfg);
+  return cfg;
+}
+
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::string text;
+  if (!path.empty()) text = read_whole_file(path, "config file");
+  return parse_config_text(text, path.empty() ? "<defaults>" : path, overrides);
+}
+
+std::string config_to_toml(const RunConfig& cfg) {
+  std::string out;
+  for (const char* section : section_names()) {
+    if (!out.empty()) out += "\n";
+    out += '[';
+    out += section;
+    out += "]\n";
+    for (const Key& k : keys())
+      if (std::string_view(section) == k.section) out += std::string(k.name) + " = " + value_literal(k, cfg) + "\n";
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> config_items(const RunConfig& cfg) {
+  std::vector<std::pair<std::string, std::string>> items;
+  for (const char* section : section_names())
+    for (const Key& k : keys())
+      if (std::string_view(section) == k.section) items.emplace_back(k.full_name(), value_literal(k, cfg));
+  return items;
+}
+
+std::string config_help() {
+  RunConfig defaults;
+  std::ostringstream os;
+  os << "Config keys (TOML sections; override any with --set section.key=value):\n";
+  for (const char* section : section_names()) {
+    os << "\n[" << section << "]\n";
+    for (const Key& k : keys()) {
+      if (std::string_view(section) != k.section) continue;
+      std::string lhs = std::string(k.name) + " = " + value_literal(k, defaults);
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "  %-32s ", lhs.c_str());
+      os << buf << k.help << " (" << describe(k) << ")\n";
+    }
+  }
+  return os.str();
+}
+
+}  // namespace lattice::io

@@ -1,0 +1,147 @@
+// RunConfig: everything a run is told, from one TOML file plus --set overrides.
+//
+//   [train]
+//   steps = 100
+//   lattice train -c run.toml --set train.steps=10 --set parallel.tp=2
+//
+// Every key is declared once, in a table in config.cpp (name, type, default,
+// valid range, help). Loading applies the file, then the overrides in order,
+// checking each value as it is set; unknown sections or keys, values of the
+// wrong type and values out of range are refused with one line naming the key
+// and what would be valid. Cross-key checks that need only the config
+// (model.n_embd % model.n_head, optim.min_lr <= optim.lr) run last. Checks that
+// need the world size (dp*tp*pp*cp == ranks, tp | n_head) belong to the trainer.
+//
+// The structs are plain data with the defaults below, so code and tests can
+// also build a RunConfig directly.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lattice::io {
+
+struct ModelSection {
+  int n_layer = 12;
+  int n_head = 12;
+  int n_embd = 768;
+  int vocab_size = 50257;
+  int seq_len = 1024;
+  bool operator==(const ModelSection&) const = default;
+};
+
+struct TrainSection {
+  int micro_batch_size = 4;
+  int grad_accum_steps = 1;
+  int64_t steps = 100;
+  int64_t seed = 1337;
+  int64_t eval_every = 0;  // 0 = never
+  int eval_steps = 10;
+  int threads = 0;  // 0 = all cores
+  bool operator==(const TrainSection&) const = default;
+};
+
+struct OptimSection {
+  double lr = 6e-4;
+  double min_lr = 6e-5;
+  int64_t warmup_steps = 0;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // 0 = no clipping
+  bool operator==(const OptimSection&) const = default;
+};
+
+struct ParallelSection {
+  int dp = 1;
+  int tp = 1;
+  int pp = 1;
+  int cp = 1;
+  int ep = 1;
+  int zero_stage = 0;  // 0..3
+  bool sequence_parallel = false;
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1
+  int virtual_stages = 1;
+  int microbatches = 1;
+  double bucket_mb = 25;  // DP gradient bucket size in MiB (fractions allowed for tiny tests)
+  bool operator==(const ParallelSection&) const = default;
+};
+
+struct PrecisionSection {
+  std::string compute = "f32";  // f32 | bf16 | f16
+  // The TOML value is "dynamic" or a positive number (a fixed scale); here
+  // 0 stands for "dynamic".
+  double loss_scale = 0;
+  double loss_scale_init = 65536;
+  int loss_scale_window = 1000;
+  bool dynamic_loss_scale() const { return loss_scale == 0; }
+  bool operator==(const PrecisionSection&) const = default;
+};
+
+struct CompressionSection {
+  std::string grad = "none";  // none | int8 | topk | onebit
+  bool error_feedback = true;
+  double topk_ratio = 0.01;
+  bool operator==(const CompressionSection&) const = default;
+};
+
+struct DataSection {
+  std::string train;  // glob of .bin shards; empty = synthetic tokens
+  std::string val;
+  bool operator==(const DataSection&) const = default;
+};
+
+struct CheckpointSection {
+  std::string dir;
+  int64_t every = 0;  // 0 = never
+  int keep = 3;       // 0 = keep all
+  std::string resume;     // "" | "latest" | path to a step directory or a checkpoint dir
+  std::string init_from;  // a safetensors file (e.g. HF GPT-2 weights)
+  bool operator==(const CheckpointSection&) const = default;
+};
+
+struct LogSection {
+  int64_t every = 1;
+  std::string metrics_file;
+  std::string trace_file;
+  bool operator==(const LogSection&) const = default;
+};
+
+struct RunConfig {
+  ModelSection model;
+  TrainSection train;
+  OptimSection optim;
+  ParallelSection parallel;
+  PrecisionSection precision;
+  CompressionSection compression;
+  DataSection data;
+  CheckpointSection checkpoint;
+  LogSection log;
+  bool operator==(const RunConfig&) const = default;
+};
+
+// Reads `path` (empty = start from the defaults), then applies overrides, each
+// "section.key=value" (the text after --set; the value needs no quotes).
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides);
+// Same from TOML text; source_name names it in errors ("config file 'x.toml' line 3: ...").
+RunConfig parse_config_text(const std::string& toml_text, const std::string& source_name,
+                            const std::vector<std::string>& overrides);
+// Applies one "section.key=value" override to cfg (checking the value). Cross-key
+// checks are not run; call validate_config afterwards.
+void apply_override(RunConfig& cfg, const std::string& override_text);
+// Cross-key checks (n_embd % n_head, min_lr <= lr) plus every per-key range check,
+// for configs built in code.
+void validate_config(const RunConfig& cfg);
+
+// Every key as TOML, section by section; parse_config_text(config_to_toml(c)) == c.
+std::string config_to_toml(const RunConfig& cfg);
+// ("model.n_layer", "12"), ("data.train", "\"data/*.bin\"") ... in table order;
+// values are TOML literals (strings quoted).
+std::vector<std::pair<std::string, std::string>> config_items(const RunConfig& cfg);
+// Every key with its default, type/range and meaning (for --help-config and docs/config.md).
+std::string config_help();
+
+}  // namespace lattice::io
