@@ -1,0 +1,68 @@
+// AdamW (Loshchilov & Hutter), in PyTorch's operation order (torch.optim.AdamW,
+// foreach=False), so that a parity test against PyTorch agrees to rounding:
+//   g = grad·grad_scale
+//   p ← p·(1 - lr·wd)                         decoupled weight decay
+//   m ← β1·m + (1-β1)·g ; v ← β2·v + (1-β2)·g²
+//   p ← p - (lr/bc1) · m / (sqrt(v)/sqrt(bc2) + eps)     bc_k = 1 - β_k^t
+// which equals ops.h's p -= lr·(m̂/(sqrt(v̂)+eps) + wd·p) with m̂ = m/bc1, v̂ = v/bc2.
+// The bias corrections are computed in double once per call. Memory-bound:
+// reads p, g, m, v and writes p, m, v (28 bytes per parameter).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "lattice/core/error.h"
+#include "lattice/kernels/cpu/vec_math.h"
+#include "lattice/kernels/ops.h"
+
+namespace lattice::kernels {
+namespace {
+
+struct AdamWCoefficients {
+  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, decay, step_size, sqrt_bc2, grad_scale;
+};
+
+LATTICE_SIMD_CLONES
+void adamw_range(float* param, const float* grad, float* m, float* v, int64_t begin, int64_t end,
+                 AdamWCoefficients k) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float g = grad[i] * k.grad_scale;
+    const float mi = k.beta1 * m[i] + k.one_minus_beta1 * g;
+    const float vi = k.beta2 * v[i] + k.one_minus_beta2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = std::sqrt(vi) / k.sqrt_bc2 + k.eps;
+    param[i] = param[i] * k.decay - k.step_size * (mi / denom);
+  }
+}
+
+}  // namespace
+
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int64_t step, float grad_scale) {
+  LATTICE_CHECK(step >= 1, "adamw_update: step must be >= 1 (bias correction 1 - beta^step), got " << step);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
+  AdamWCoefficients k;
+  k.beta1 = beta1;
+  k.beta2 = beta2;
+  k.one_minus_beta1 = 1.0f - beta1;
+  k.one_minus_beta2 = 1.0f - beta2;
+  k.eps = eps;
+  k.decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
+  k.step_size = static_cast<float>(lr / bc1);
+  k.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
+  k.grad_scale = grad_scale;
+  if (n < (1 << 15) || omp_in_parallel()) return adamw_range(param, grad, m, v, 0, n, k);
+#pragma omp parallel
+  {
+    int64_t begin, end;
+    cpu::split_range(n, omp_get_num_threads(), omp_get_thread_num(), &begin, &end);
+    begin = begin == 0 ? 0 : std::min(n, (begin + 15) / 16 * 16);
+    end = end == n ? n : std::min(n, (end + 15) / 16 * 16);
+    if (begin < end) adamw_range(param, grad, m, v, begin, end, k);
+  }
+}
+
+}  // namespace lattice::kernels

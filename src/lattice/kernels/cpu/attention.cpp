@@ -1,0 +1,189 @@
+// Causal multi-head self-attention, blocked by query rows (flash-attention
+// style: the T×T probabilities are never stored; the forward keeps only the
+// output and the log-sum-exp of each row, the backward recomputes P from it).
+//
+// For batch b, head h (hs = C/NH, scale = 1/√hs) and a block of query rows
+// i ∈ [i0, i1) (kQueryBlock rows), only keys j < i1 can be visible, so key
+// blocks entirely in the future are never touched:
+//   S  = scale · Q[i0:i1] · K[0:i1]ᵀ                  small GEMM into a per-thread tile
+//   S_ij = -inf for j > i ; m_i = max_j S_ij ; l_i = Σ_j exp(S_ij - m_i)
+//   P  = exp(S - m) / l ; lse_i = m_i + log l_i
+//   out[i0:i1] = P · V[0:i1]                            small GEMM
+// The tile is [kQueryBlock, i1] floats (256 KiB at T = 1024), so it stays in
+// L2 between the two GEMMs and the softmax; with the whole visible key range in
+// one tile the softmax is exact in one step (no online rescaling is needed).
+//
+// Backward for one (b, h), D_i = Σ_d dout_id·out_id, for each query block:
+//   P   = exp(scale · Q Kᵀ - lse)  (masked)             recomputed
+//   dV[0:i1] += Pᵀ · dout[i0:i1]
+//   dP  = dout[i0:i1] · V[0:i1]ᵀ
+//   dS  = P ⊙ (dP - D)
+//   dQ[i0:i1]  = scale · dS · K[0:i1]
+//   dK[0:i1]  += scale · dSᵀ · Q[i0:i1]
+// Forward tasks are (b, h, query block); backward tasks are (b, h), because
+// dK and dV of a head collect contributions from all of its query blocks.
+// Every task writes disjoint memory and runs its GEMMs on one thread, so the
+// result is the same for every thread count.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "lattice/core/error.h"
+#include "lattice/core/memory.h"
+#include "lattice/kernels/cpu/gemm_internal.h"
+#include "lattice/kernels/cpu/vec_math.h"
+#include "lattice/kernels/ops.h"
+
+namespace lattice::kernels {
+namespace {
+
+constexpr int kQueryBlock = 64;
+
+// Per-thread tiles, owned by the calling thread (so two threads calling
+// attention at once do not share them) and grown once to the largest T seen.
+float* workspace(int64_t floats_per_thread, int threads) {
+  thread_local Buffer buffer;
+  const size_t bytes = sizeof(float) * static_cast<size_t>(floats_per_thread) * threads;
+  if (buffer.bytes() < bytes) buffer.ensure(bytes, MemCategory::Workspace);
+  return buffer.as<float>();
+}
+
+void check_args(int B, int T, int C, int NH) {
+  LATTICE_CHECK(B > 0 && T > 0 && C > 0 && NH > 0,
+                "attention: sizes must be positive, got B=" << B << " T=" << T << " C=" << C << " NH=" << NH);
+  LATTICE_CHECK(C % NH == 0, "attention: C=" << C << " is not divisible by NH=" << NH);
+}
+
+// Row r of the [rows, keys] tile S belongs to query i0 + r, which sees keys
+// 0..i0+r. Turns S into P = softmax(S) (future keys → 0), writes lse.
+LATTICE_SIMD_CLONES
+void softmax_rows(float* S, float* lse, int rows, int keys, int i0) {
+  for (int r = 0; r < rows; ++r) {
+    float* s = S + static_cast<int64_t>(r) * keys;
+    const int visible = i0 + r + 1;
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int j = 0; j < visible; ++j) m = s[j] > m ? s[j] : m;
+    float l = 0.0f;
+#pragma omp simd reduction(+ : l)
+    for (int j = 0; j < visible; ++j) {
+      const float p = cpu::exp_approx(s[j] - m);
+      s[j] = p;
+      l += p;
+    }
+    const float inv = 1.0f / l;
+    for (int j = 0; j < visible; ++j) s[j] *= inv;
+    for (int j = visible; j < keys; ++j) s[j] = 0.0f;
+    lse[r] = m + std::log(l);
+  }
+}
+
+// S ← P = exp(S - lse_i) (future keys → 0); dP ← dS = P ⊙ (dP - D_i).
+LATTICE_SIMD_CLONES
+void recompute_p_and_ds(float* S, float* dP, const float* lse, const float* D, int rows, int keys, int i0) {
+  for (int r = 0; r < rows; ++r) {
+    float* s = S + static_cast<int64_t>(r) * keys;
+    float* dp = dP + static_cast<int64_t>(r) * keys;
+    const int visible = i0 + r + 1;
+    const float l = lse[r], d = D[r];
+    for (int j = 0; j < visible; ++j) {
+      const float p = cpu::exp_approx(s[j] - l);
+      s[j] = p;
+      dp[j] = p * (dp[j] - d);
+    }
+    for (int j = visible; j < keys; ++j) s[j] = dp[j] = 0.0f;
+  }
+}
+
+// D_i = Σ_d dout_id · out_id for the T rows of one head.
+LATTICE_SIMD_CLONES
+void row_dots(float* D, const float* dout, const float* out, int T, int hs, int64_t ld) {
+  for (int i = 0; i < T; ++i) {
+    const float* a = dout + i * ld;
+    const float* b = out + i * ld;
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int d = 0; d < hs; ++d) acc += a[d] * b[d];
+    D[i] = acc;
+  }
+}
+
+void zero_rows(float* x, int rows, int cols, int64_t ld) {
+  for (int i = 0; i < rows; ++i) std::fill(x + i * ld, x + i * ld + cols, 0.0f);
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  check_args(B, T, C, NH);
+  const int hs = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int64_t ld_qkv = 3 * static_cast<int64_t>(C);
+  const int query_blocks = (T + kQueryBlock - 1) / kQueryBlock;
+  const int64_t heads = static_cast<int64_t>(B) * NH;
+  const int64_t tile = static_cast<int64_t>(kQueryBlock) * T;
+  float* tiles = workspace(tile, omp_get_max_threads());
+
+  // Largest query blocks (most keys) first, for the dynamic schedule.
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t task = 0; task < heads * query_blocks; ++task) {
+    const int qb = query_blocks - 1 - static_cast<int>(task / heads);
+    const int64_t bh = task % heads;
+    const int64_t b = bh / NH, h = bh % NH;
+    const int i0 = qb * kQueryBlock, i1 = std::min(T, i0 + kQueryBlock), rows = i1 - i0, keys = i1;
+    const float* q = qkv + (b * T + i0) * ld_qkv + h * hs;
+    const float* k = qkv + b * T * ld_qkv + C + h * hs;
+    const float* v = qkv + b * T * ld_qkv + 2 * C + h * hs;
+    float* S = tiles + omp_get_thread_num() * tile;
+    cpu::gemm_dnnl_sgemm(false, true, rows, keys, hs, scale, q, ld_qkv, k, ld_qkv, 0.0f, S, keys);
+    softmax_rows(S, lse + bh * T + i0, rows, keys, i0);
+    cpu::gemm_dnnl_sgemm(false, false, rows, hs, keys, 1.0f, S, keys, v, ld_qkv, 0.0f,
+                         out + (b * T + i0) * C + h * hs, C);
+  }
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
+                        int T, int C, int NH) {
+  check_args(B, T, C, NH);
+  const int hs = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int64_t ld_qkv = 3 * static_cast<int64_t>(C);
+  const int query_blocks = (T + kQueryBlock - 1) / kQueryBlock;
+  const int64_t heads = static_cast<int64_t>(B) * NH;
+  const int64_t tile = static_cast<int64_t>(kQueryBlock) * T;
+  const int64_t per_thread = 2 * tile + T;  // P tile, dP tile, D
+  float* tiles = workspace(per_thread, omp_get_max_threads());
+
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    const int64_t b = bh / NH, h = bh % NH;
+    float* P = tiles + omp_get_thread_num() * per_thread;
+    float* dP = P + tile;
+    float* D = dP + tile;
+    const float* q = qkv + b * T * ld_qkv + h * hs;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* dq = dqkv + b * T * ld_qkv + h * hs;
+    float* dk = dq + C;
+    float* dv = dq + 2 * C;
+    const float* dy = dout + b * T * C + h * hs;
+    const float* lse_bh = lse + bh * T;
+    row_dots(D, dy, out + b * T * C + h * hs, T, hs, C);
+    zero_rows(dk, T, hs, ld_qkv);
+    zero_rows(dv, T, hs, ld_qkv);
+    for (int qb = 0; qb < query_blocks; ++qb) {
+      const int i0 = qb * kQueryBlock, i1 = std::min(T, i0 + kQueryBlock), rows = i1 - i0, keys = i1;
+      const float* q_blk = q + i0 * ld_qkv;
+      const float* dy_blk = dy + static_cast<int64_t>(i0) * C;
+      cpu::gemm_dnnl_sgemm(false, true, rows, keys, hs, scale, q_blk, ld_qkv, k, ld_qkv, 0.0f, P, keys);
+      cpu::gemm_dnnl_sgemm(false, true, rows, keys, hs, 1.0f, dy_blk, C, v, ld_qkv, 0.0f, dP, keys);
+      recompute_p_and_ds(P, dP, lse_bh + i0, D + i0, rows, keys, i0);
+      cpu::gemm_dnnl_sgemm(true, false, keys, hs, rows, 1.0f, P, keys, dy_blk, C, 1.0f, dv, ld_qkv);
+      cpu::gemm_dnnl_sgemm(false, false, rows, hs, keys, scale, dP, keys, k, ld_qkv, 0.0f, dq + i0 * ld_qkv, ld_qkv);
+      cpu::gemm_dnnl_sgemm(true, false, keys, hs, rows, scale, dP, keys, q_blk, ld_qkv, 1.0f, dk, ld_qkv);
+    }
+  }
+}
+
+}  // namespace lattice::kernels

@@ -1,0 +1,64 @@
+// Internal helpers shared by the CPU kernels: a vectorisable exp, the
+// function-multiversioning attribute, and work-splitting helpers.
+//
+// Builds are not -march=native, so the hot loops are compiled three times
+// (AVX-512, AVX2+FMA, SSE2) with GCC's target_clones and picked at load time by
+// CPUID. target_clones does not reach into OpenMP-outlined bodies, so every
+// kernel is split into an outer function holding the `omp parallel` loop and a
+// LATTICE_SIMD_CLONES inner function that does one contiguous chunk.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define LATTICE_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define LATTICE_SIMD_CLONES
+#endif
+
+namespace lattice::kernels::cpu {
+
+// exp(x) for float, ~1 ulp on [-87, 88], written with plain arithmetic and bit
+// casts so that GCC vectorises loops calling it (libm's expf does not vectorise
+// without -ffast-math). Range reduction x = n·ln2 + r with |r| ≤ ln2/2 (ln2 split
+// in a hi part exact in float and a lo part), then the Cephes degree-6
+// polynomial for e^r, scaled by 2^n built in the exponent bits.
+// x ≤ -87.3 (incl. -inf) returns 0; x ≥ 88.7 returns +inf-free FLT_MAX-ish e^88.7.
+static inline __attribute__((always_inline)) float exp_approx(float x) {
+  const bool underflow = x < -87.3f;
+  x = x < -87.3f ? -87.3f : x;
+  x = x > 88.7f ? 88.7f : x;
+  // Round x·log2(e) to the nearest integer with the 1.5·2^23 trick (no SSE4.1 round needed).
+  const float shifted = x * 1.44269504088896341f + 12582912.0f;
+  const float n = shifted - 12582912.0f;
+  int32_t shifted_bits;
+  std::memcpy(&shifted_bits, &shifted, 4);
+  const int32_t n_int = shifted_bits - 0x4B400000;
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // 2^n as float bits; n ∈ [-126, 128]: for n = 128 build 2^127 and double.
+  const int32_t n_low = n_int > 127 ? 127 : n_int;
+  const int32_t scale_bits = (n_low + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &scale_bits, 4);
+  float result = p * scale;
+  result = n_int > 127 ? result * 2.0f : result;
+  return underflow ? 0.0f : result;
+}
+
+// Splits [0, n) into `parts` nearly equal ranges; returns range `i`.
+inline void split_range(int64_t n, int64_t parts, int64_t i, int64_t* begin, int64_t* end) {
+  const int64_t base = n / parts, extra = n % parts;
+  *begin = i * base + (i < extra ? i : extra);
+  *end = *begin + base + (i < extra ? 1 : 0);
+}
+
+}  // namespace lattice::kernels::cpu

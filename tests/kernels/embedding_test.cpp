@@ -1,0 +1,58 @@
+// Token + position embedding forward and backward (with repeated tokens).
+#include "lattice/kernels/ops.h"
+#include "test_util.h"
+
+namespace lattice::kernels {
+namespace {
+
+using test::randn;
+
+TEST(Embedding, ForwardAndBackwardWithRepeatedTokens) {
+  const int B = 3, T = 7, C = 130, V = 11;  // C not a multiple of the column block
+  auto wte = randn(V * C, 1), wpe = randn(T * C, 2), dout = randn(B * T * C, 3);
+  std::vector<int32_t> tokens(B * T);
+  for (int i = 0; i < B * T; ++i) tokens[i] = (i * 5) % 4;  // tokens 0..3, each many times
+  std::vector<float> out(B * T * C);
+  embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int c = 0; c < C; ++c)
+        ASSERT_EQ(out[(b * T + t) * C + c], wte[tokens[b * T + t] * C + c] + wpe[t * C + c]);
+
+  std::vector<double> ref_wte(V * C, 0.0), ref_wpe(T * C, 0.0);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int c = 0; c < C; ++c) {
+        ref_wte[tokens[b * T + t] * C + c] += dout[(b * T + t) * C + c];
+        ref_wpe[t * C + c] += dout[(b * T + t) * C + c];
+      }
+  std::vector<float> dwte(V * C, 0.0f), dwpe(T * C, 0.0f);
+  embedding_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  test::expect_close(dwte, ref_wte, 1e-5, 1e-5, "dwte");
+  test::expect_close(dwpe, ref_wpe, 1e-5, 1e-5, "dwpe");
+  for (int c = 0; c < C; ++c) EXPECT_EQ(dwte[7 * C + c], 0.0f);  // unused token row untouched
+  // Accumulates.
+  embedding_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  for (auto& v : ref_wte) v *= 2;
+  for (auto& v : ref_wpe) v *= 2;
+  test::expect_close(dwte, ref_wte, 2e-5, 1e-5, "dwte twice");
+  test::expect_close(dwpe, ref_wpe, 2e-5, 1e-5, "dwpe twice");
+}
+
+TEST(Embedding, BackwardThreadCountIndependent) {
+  const int B = 4, T = 64, C = 768, V = 50;
+  auto dout = randn(B * T * C, 4);
+  std::vector<int32_t> tokens(B * T);
+  for (int i = 0; i < B * T; ++i) tokens[i] = (i * 7) % V;
+  std::vector<float> dwte[2], dwpe[2];
+  for (int t = 0; t < 2; ++t) {
+    test::ThreadScope threads(t + 1);
+    dwte[t].assign(V * C, 0.0f), dwpe[t].assign(T * C, 0.0f);
+    embedding_backward(dwte[t].data(), dwpe[t].data(), dout.data(), tokens.data(), B, T, C);
+  }
+  EXPECT_TRUE(test::bitwise_equal(dwte[0], dwte[1]));
+  EXPECT_TRUE(test::bitwise_equal(dwpe[0], dwpe[1]));
+}
+
+}  // namespace
+}  // namespace lattice::kernels
