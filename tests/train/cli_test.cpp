@@ -1,0 +1,106 @@
+// The `lattice` executable end to end: bad input gets one clear line and a
+// non-zero exit; good input trains, checkpoints, inspects and generates.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code;
+  std::string output;  // stdout and stderr together
+};
+
+static Result run(const std::string& args) {
+  std::string cmd = std::string(LATTICE_BIN) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+static const std::string kTiny =
+    "--set model.n_layer=1 --set model.n_head=2 --set model.n_embd=16 --set model.vocab_size=64 "
+    "--set model.seq_len=8 --set train.micro_batch_size=2 --set train.threads=1 ";
+
+static fs::path scratch(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("lattice_cli_test_" + std::to_string(::getpid())) / name;
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+TEST(Cli, UnknownCommandAndOption) {
+  Result r = run("frobnicate");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("unknown command 'frobnicate'"), std::string::npos) << r.output;
+  r = run("train --bogus");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("rank 0: lattice train: unknown option '--bogus'"), std::string::npos) << r.output;
+}
+
+TEST(Cli, BadConfigValuesNameTheKey) {
+  Result r = run("train " + kTiny + "--set model.n_embd=10 --set model.n_head=4");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("model.n_embd=10 is not divisible by model.n_head=4"), std::string::npos) << r.output;
+  r = run("train " + kTiny + "--set train.stepz=3");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("train.stepz"), std::string::npos) << r.output;
+  r = run("train -c /nonexistent/run.toml");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("/nonexistent/run.toml"), std::string::npos) << r.output;
+  r = run("train " + kTiny + "--set data.train=/nonexistent/*.bin");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("/nonexistent/*.bin"), std::string::npos) << r.output;
+  // Exactly one line of error, no stack trace.
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+}
+
+TEST(Cli, TrainPrintsOneLinePerStepAndResumes) {
+  fs::path dir = scratch("train");
+  std::string common = "train " + kTiny + "--set checkpoint.dir=" + (dir / "run").string() +
+                       " --set log.metrics_file=" + (dir / "m.jsonl").string();
+  Result r = run(common + " --set train.steps=3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* piece : {"step 1/3 | loss ", "| lr ", "| norm ", " ms | ", " tok/s | MFU ", "% | mem "})
+    EXPECT_NE(r.output.find(piece), std::string::npos) << piece << "\n" << r.output;
+  EXPECT_NE(r.output.find("lattice: done, 3 steps"), std::string::npos) << r.output;
+  r = run(common + " --set train.steps=5 --resume");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 5/5"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 3/5"), std::string::npos) << r.output;
+
+  r = run("inspect " + (dir / "run").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("step_000005"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("integrity"), std::string::npos) << r.output;
+  r = run("inspect " + (dir / "m.jsonl").string() + " --plot " + (dir / "plot_").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "plot_loss.svg"));
+}
+
+TEST(Cli, InterruptSavesACheckpoint) {
+  fs::path dir = scratch("interrupt");
+  // SIGTERM after the first step lines: the trainer stops after the step in
+  // flight, saves and exits with 130.
+  std::string cmd = "( " + std::string(LATTICE_BIN) + " train " + kTiny + "--set train.steps=100000000 " +
+                    "--set checkpoint.dir=" + (dir / "run").string() +
+                    " > " + (dir / "out.txt").string() + " 2>&1 & pid=$!; " +
+                    "for i in $(seq 1 200); do grep -q 'step' " + (dir / "out.txt").string() +
+                    " 2>/dev/null && break; sleep 0.05; done; kill -TERM $pid; wait $pid; echo exit=$? )";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[1024];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  pclose(p);
+  EXPECT_NE(out.find("exit=130"), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(dir / "run" / "latest"));
+}
