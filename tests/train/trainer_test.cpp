@@ -239,3 +239,31 @@ TEST(Trainer, RefusesUnimplementedParallelismNamingTheKey) {
   EXPECT_EQ(error_of([&] { train::Trainer t(cfg, {false}); }),
             "parallel.tp=2 is not implemented yet; set parallel.tp=1");
 }
+
+// An independent reader: tools/check_checkpoint.py loads the checkpoint's
+// model.safetensors into the PyTorch reference GPT-2 (HF names) and must get
+// the loss lattice gets on the same batch. Needs Debian's python3-torch;
+// skipped where it is not installed.
+TEST(Trainer, CheckpointLoadsInPyTorchWithTheSameLoss) {
+  if (std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3-torch is not installed (apt-get install python3-torch)";
+  fs::path dir = scratch("pytorch");
+  io::RunConfig cfg = tiny_run();
+  cfg.train.steps = 5;
+  cfg.checkpoint.dir = (dir / "run").string();
+  train::Trainer t(cfg, {false});
+  t.run();
+  const int B = 3, T = 16;
+  std::string shard = make_shard(dir, "batch.bin", B * (T + 1), 300, 7);
+  std::vector<uint16_t> tok = data::read_shard(shard);
+  std::vector<int32_t> in, tg;
+  for (int b = 0; b < B; b++)
+    for (int i = 0; i < T; i++) in.push_back(tok[b * (T + 1) + i]), tg.push_back(tok[b * (T + 1) + i + 1]);
+  const float loss = t.model().evaluate(in.data(), tg.data(), B, T);
+  char expect[64];
+  std::snprintf(expect, sizeof expect, "%.9g", loss);
+  std::string cmd = "/usr/bin/python3 " + std::string(LATTICE_SOURCE_DIR) + "/tools/check_checkpoint.py --model " +
+                    io::resolve_checkpoint("latest", cfg.checkpoint.dir) + "/model.safetensors --tokens " + shard +
+                    " --batch 3 --seq 16 --expect " + expect + " --rtol 1e-5";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
