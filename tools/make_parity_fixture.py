@@ -36,7 +36,8 @@ Files (all fp32 unless said, HF GPT-2 names and layouts, no lm_head):
                            before clipping (= d mean(loss_mb0, loss_mb1) / d param)
   final.safetensors        parameters after all 10 steps
   expected.json            config, recipe, and per step: loss, micro-batch
-                           losses, grad_norm (pre-clip), clip scale, lr
+                           losses, grad_norm (pre-clip), clip scale, lr;
+                           loss_after_final: the losses with final.safetensors
 """
 
 import argparse
@@ -117,6 +118,9 @@ def run(dtype, tokens, out_dir=None):
         rec["clip_scale"].append(min(scale, 1.0))
         rec["clipped"].append(scale < 1.0)
         rec["lr"].append(lr)
+    with torch.no_grad():
+        rec["final_micro_losses"] = [ref.forward_loss(model, tokens[m][:, :-1], tokens[m][:, 1:]).item()
+                                     for m in range(GRAD_ACCUM)]
     if out_dir:
         ref.save_safetensors(model, os.path.join(out_dir, "final.safetensors"),
                              {"what": f"parity fixture: parameters after {STEPS} steps"})
@@ -202,6 +206,9 @@ def main():
                    "grad_norm": rec["grad_norm"][s], "clip_scale": rec["clip_scale"][s],
                    "clipped": rec["clipped"][s]} for s in range(STEPS)],
         "loss": rec["loss"],
+        "loss_after_final": {"micro_losses": rec["final_micro_losses"],
+                             "loss": sum(rec["final_micro_losses"]) / GRAD_ACCUM,
+                             "definition": "losses of the two micro-batches with final.safetensors (no update)"},
         "grad_norm": rec["grad_norm"],
         "lr": rec["lr"],
         "fp32_vs_fp64_same_run": fp64_check,
