@@ -232,7 +232,7 @@ TEST(Config, ItemsAndHelp) {
     std::string name = k.substr(k.find('.') + 1);
     EXPECT_NE(help.find("  " + name + " = " + v), std::string::npos) << k;
   }
-  EXPECT_NE(help.find("(an integer in 0..3)"), std::string::npos);
+  EXPECT_NE(help.find("[an integer in 0..3]"), std::string::npos);
 }
 
 TEST(Config, ValidateConfigBuiltInCode) {

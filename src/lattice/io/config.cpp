@@ -98,7 +98,7 @@ const std::vector<Key>& keys() {
         key<&R::model, &ModelSection::n_embd>("model", "n_embd", at_least(1),
                                               "width of the residual stream; a multiple of n_head"),
         key<&R::model, &ModelSection::vocab_size>("model", "vocab_size", at_least(1),
-                                                  "vocabulary size (GPT-2 BPE: 50257)"),
+                                                  "vocabulary size; the GPT-2 BPE has 50257"),
         key<&R::model, &ModelSection::seq_len>("model", "seq_len", at_least(1),
                                                "context length in tokens (number of positions)"),
 
@@ -659,7 +659,7 @@ std::string config_help() {
       std::string lhs = std::string(k.name) + " = " + value_literal(k, defaults);
       char buf[64];
       std::snprintf(buf, sizeof buf, "  %-32s ", lhs.c_str());
-      os << buf << k.help << " (" << describe(k) << ")\n";
+      os << buf << k.help << " [" << describe(k) << "]\n";
     }
   }
   return os.str();
