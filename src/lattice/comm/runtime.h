@@ -5,15 +5,25 @@
 
 namespace lattice::comm {
 
-// Initialises MPI (MPI_Init_thread; a program started without mpirun is a
-// world of one), runs `body`, finalises MPI and returns its exit code. Any
-// exception escaping `body` prints "rank R: <message>" on stderr; with more
-// than one rank the whole job is then aborted (MPI_Abort) so no rank waits
-// forever for a peer that is gone. Returns 1 in the single-rank case.
+// Initialises MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE) (a program started
+// without mpirun is a world of one), applies LATTICE_COMM_TIMEOUT_S, starts the
+// communication watchdog (watchdog.h), runs `body`, then stops the watchdog,
+// finalises MPI and returns body's exit code.
+//
+// Any exception escaping `body` (or reaching std::terminate on any thread)
+// prints "rank R: <message>" on stderr; with more than one rank the whole job
+// is then aborted with MPI_Abort(1), so no rank waits forever for a peer that
+// is gone and mpiexec exits non-zero. With one rank it returns 1.
 int run_guarded(int argc, char** argv, const std::function<int()>& body);
 
 // Rank and size of MPI_COMM_WORLD (0 and 1 before initialisation).
 int world_rank();
 int world_size();
+
+// lattice needs MPI_THREAD_MULTIPLE: the watchdog thread calls MPI (to ask
+// peers what they wait for, and to abort) while the main thread is inside a
+// blocking MPI call. Throws lattice::Error naming the granted level otherwise.
+// `provided` is the MPI_THREAD_* value MPI_Init_thread returned.
+void require_thread_level(int provided);
 
 }  // namespace lattice::comm

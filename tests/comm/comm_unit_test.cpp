@@ -1,0 +1,121 @@
+// Single-process tests of the comm layer's pure parts: mesh arithmetic against
+// an independent enumeration for many shapes, the [parallel] error messages,
+// the MPI thread-level check and the watchdog timeout settings.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdlib>
+#include <functional>
+#include <string>
+
+#include "lattice/comm/process_mesh.h"
+#include "lattice/comm/runtime.h"
+#include "lattice/comm/watchdog.h"
+#include "lattice/core/error.h"
+#include "mesh_enumeration.h"
+
+using namespace lattice;
+using namespace lattice::comm;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(MeshLayout, CoordinatesAndGroupsMatchAnIndependentEnumeration) {
+  const MeshSizes shapes[] = {{1, 1, 1, 1, 1}, {2, 2, 1, 2, 1}, {3, 2, 1, 2, 1}, {1, 3, 2, 2, 3}, {1, 3, 2, 2, 6},
+                              {2, 3, 1, 2, 3}, {1, 6, 2, 1, 4}, {2, 2, 2, 2, 2}, {2, 2, 2, 2, 4}, {4, 1, 3, 2, 1},
+                              {1, 4, 1, 4, 2}, {3, 4, 2, 1, 8}, {2, 1, 1, 1, 1}, {1, 1, 1, 6, 1}};
+  for (const MeshSizes& s : shapes) {
+    std::vector<mesh_enumeration::Coord> all = mesh_enumeration::enumerate(s);
+    for (int r = 0; r < s.world(); r++) {
+      MeshCoord c = mesh_coord(s, r);
+      EXPECT_EQ(c.pp, all[r].pp);
+      EXPECT_EQ(c.dp, all[r].dp);
+      EXPECT_EQ(c.cp, all[r].cp);
+      EXPECT_EQ(c.tp, all[r].tp);
+      EXPECT_EQ(mesh_world_rank(s, c.pp, c.dp, c.cp, c.tp), r);
+      for (int g = 0; g < kMeshGroupCount; g++) {
+        MeshGroup group = static_cast<MeshGroup>(g);
+        EXPECT_EQ(mesh_group_ranks(s, r, group), mesh_enumeration::expected_group(s, all, r, group))
+            << "group " << mesh_group_name(group) << " of rank " << r << " in pp" << s.pp << " dp" << s.dp << " cp"
+            << s.cp << " tp" << s.tp << " ep" << s.ep;
+      }
+      std::vector<int> ep = mesh_group_ranks(s, r, MeshGroup::EP);
+      std::vector<int> edp = mesh_group_ranks(s, r, MeshGroup::ExpertDP);
+      EXPECT_EQ(ep[c.ep], r);
+      EXPECT_EQ(edp[c.edp], r);
+    }
+  }
+}
+
+TEST(MeshSizesCheck, WorldSizeMustEqualTheProduct) {
+  EXPECT_EQ(error_of([] { validate_mesh_sizes(2, 1, 3, 1, 1, 1); }),
+            "parallel.pp=1 × parallel.dp=3 × parallel.cp=1 × parallel.tp=1 = 3 does not equal the 2 ranks started by "
+            "mpiexec; start 3 ranks (mpiexec -n 3) or change the sizes");
+  EXPECT_EQ(error_of([] { validate_mesh_sizes(1, 2, 1, 1, 2, 1); }),
+            "parallel.pp=2 × parallel.dp=1 × parallel.cp=1 × parallel.tp=2 = 4 does not equal the 1 rank of this run "
+            "(started without mpiexec, or with -n 1); start 4 ranks (mpiexec -n 4) or change the sizes");
+  EXPECT_EQ(error_of([] { validate_mesh_sizes(12, 3, 2, 1, 2, 1); }), "(no error)");
+}
+
+TEST(MeshSizesCheck, SizesMustBePositive) {
+  EXPECT_EQ(error_of([] { validate_mesh_sizes(2, 1, 2, 1, 0, 1); }),
+            "parallel.tp=0 is invalid: parallel sizes must be positive integers (1 turns a dimension off)");
+  EXPECT_EQ(error_of([] { validate_mesh_sizes(2, -2, 1, 1, 1, 1); }),
+            "parallel.pp=-2 is invalid: parallel sizes must be positive integers (1 turns a dimension off)");
+  EXPECT_EQ(error_of([] { validate_mesh_sizes(2, 1, 2, 1, 1, 0); }),
+            "parallel.ep=0 is invalid: parallel sizes must be positive integers (1 turns a dimension off)");
+}
+
+TEST(MeshSizesCheck, EpMustDivideDpTimesCp) {
+  EXPECT_EQ(error_of([] { validate_mesh_sizes(4, 1, 2, 2, 1, 3); }),
+            "parallel.ep=3 does not divide parallel.dp × parallel.cp = 2 × 2 = 4 (expert-parallel groups are carved "
+            "from the dp×cp ranks)");
+  EXPECT_EQ(error_of([] { validate_mesh_sizes(8, 1, 2, 2, 2, 4); }), "(no error)");
+}
+
+TEST(MeshSizesCheck, UnimplementedDimensionsAreRefusedByName) {
+  EXPECT_EQ(error_of([] { refuse_unimplemented({1, 1, 1, 2, 1}); }),
+            "parallel.tp=2: tensor parallelism is not implemented yet; set parallel.tp=1");
+  EXPECT_EQ(error_of([] { refuse_unimplemented({1, 3, 1, 1, 1}); }),
+            "parallel.dp=3: data parallelism is not implemented yet; set parallel.dp=1");
+  EXPECT_EQ(error_of([] { refuse_unimplemented({2, 1, 1, 1, 1}); }),
+            "parallel.pp=2: pipeline parallelism is not implemented yet; set parallel.pp=1");
+  EXPECT_EQ(error_of([] { refuse_unimplemented({1, 1, 2, 1, 1}); }),
+            "parallel.cp=2: context parallelism is not implemented yet; set parallel.cp=1");
+  EXPECT_EQ(error_of([] { refuse_unimplemented({1, 2, 1, 1, 2}, {"dp"}); }),
+            "parallel.ep=2: expert parallelism is not implemented yet; set parallel.ep=1");
+  EXPECT_EQ(error_of([] { refuse_unimplemented({1, 2, 1, 2, 1}, {"dp", "tp"}); }), "(no error)");
+  EXPECT_EQ(error_of([] { refuse_unimplemented({1, 1, 1, 1, 1}); }), "(no error)");
+}
+
+TEST(Runtime, ThreadLevelBelowMultipleIsRefusedWithItsName) {
+  EXPECT_EQ(error_of([] { require_thread_level(MPI_THREAD_MULTIPLE); }), "(no error)");
+  std::string e = error_of([] { require_thread_level(MPI_THREAD_SERIALIZED); });
+  EXPECT_EQ(e.substr(0, 85),
+            "the MPI library granted MPI_THREAD_SERIALIZED but lattice needs MPI_THREAD_MULTIPLE (");
+}
+
+TEST(Watchdog, TimeoutMustBePositiveAndComesFromTheEnvironment) {
+  double old = watchdog_timeout();
+  EXPECT_EQ(old, kDefaultWatchdogTimeoutS);
+  EXPECT_EQ(error_of([] { set_watchdog_timeout(0); }),
+            "watchdog timeout 0 s is invalid: it must be a positive number of seconds");
+  setenv("LATTICE_COMM_TIMEOUT_S", "2.5", 1);
+  load_watchdog_timeout_from_env();
+  EXPECT_EQ(watchdog_timeout(), 2.5);
+  setenv("LATTICE_COMM_TIMEOUT_S", "-1", 1);
+  EXPECT_EQ(error_of([] { load_watchdog_timeout_from_env(); }),
+            "LATTICE_COMM_TIMEOUT_S='-1' is not a positive number of seconds (e.g. LATTICE_COMM_TIMEOUT_S=60)");
+  unsetenv("LATTICE_COMM_TIMEOUT_S");
+  set_watchdog_timeout(old);
+}
