@@ -132,7 +132,8 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   targets_.resize(static_cast<size_t>(B) * T);
 
   if (!config_.log.metrics_file.empty() && is_root_) {
-    metrics_ = std::make_unique<io::MetricsWriter>(config_.log.metrics_file);
+    // A fresh run starts the file anew; a resumed one continues it.
+    metrics_ = std::make_unique<io::MetricsWriter>(config_.log.metrics_file, config_.checkpoint.resume.empty());
   }
   if (!config_.checkpoint.resume.empty()) {
     LATTICE_CHECK(!config_.checkpoint.dir.empty() || config_.checkpoint.resume != "latest",
