@@ -44,9 +44,9 @@ void mutate(std::mt19937& gen, std::vector<uint8_t>* bytes) {
         const int32_t counts[] = {INT32_MAX, INT32_MIN, -1, 0, 1, static_cast<int32_t>(gen())};
         int32_t c = counts[gen() % 6];
         if (gen() % 2) {
-          int32_t old;
+          uint32_t old;  // off by one from the current count, wrapping like the bytes would
           std::memcpy(&old, bytes->data() + 8, 4);
-          c = old + (gen() % 2 ? 1 : -1);
+          c = static_cast<int32_t>(old + (gen() % 2 ? 1u : 0xFFFFFFFFu));
         }
         std::memcpy(bytes->data() + 8, &c, 4);
         break;

@@ -7,7 +7,6 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
-#include <queue>
 #include <sstream>
 #include <unordered_map>
 
@@ -179,6 +178,15 @@ struct Merge {
   int merged;  // id of the token the pair becomes
 };
 
+// The heap BPE's linked list of symbols and its candidate merges.
+struct HeapSymbol {
+  int id, prev, next;
+};
+struct HeapCandidate {
+  int rank, pos, left, right;
+  bool operator>(const HeapCandidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+};
+
 inline uint64_t pair_key(int left, int right) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
 }
@@ -243,31 +251,31 @@ struct Tokenizer::Impl {
   // the reference's left-to-right sweep does.
   void bpe_heap(std::string_view piece, std::vector<int>* out) const {
     const int n = static_cast<int>(piece.size());
-    struct Symbol {
-      int id, prev, next;
-    };
-    struct Candidate {
-      int rank, pos, left, right;
-      bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-    };
-    std::vector<Symbol> symbols(n);
-    for (int i = 0; i < n; ++i) symbols[i] = {byte_token[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1};
-    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+    // Scratch kept per thread: no allocation once warm.
+    thread_local std::vector<HeapSymbol> symbols;
+    thread_local std::vector<HeapCandidate> heap;
+    symbols.resize(n);
+    heap.clear();
+    for (int i = 0; i < n; ++i)
+      symbols[i] = {byte_token[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1};
     auto push = [&](int pos) {
       int next = symbols[pos].next;
       if (next < 0) return;
-      if (const Merge* m = find_merge(symbols[pos].id, symbols[next].id))
-        heap.push({m->rank, pos, symbols[pos].id, symbols[next].id});
+      if (const Merge* m = find_merge(symbols[pos].id, symbols[next].id)) {
+        heap.push_back({m->rank, pos, symbols[pos].id, symbols[next].id});
+        std::push_heap(heap.begin(), heap.end(), std::greater<HeapCandidate>());
+      }
     };
     for (int i = 0; i + 1 < n; ++i) push(i);
     while (!heap.empty()) {
-      Candidate c = heap.top();
-      heap.pop();
-      Symbol& left = symbols[c.pos];
+      std::pop_heap(heap.begin(), heap.end(), std::greater<HeapCandidate>());
+      HeapCandidate c = heap.back();
+      heap.pop_back();
+      HeapSymbol& left = symbols[c.pos];
       // Stale if either symbol changed since the candidate was pushed (a token
       // id only ever grows into a longer token, so equal ids mean unchanged).
       if (left.id != c.left || left.next < 0 || symbols[left.next].id != c.right) continue;
-      Symbol& right = symbols[left.next];
+      HeapSymbol& right = symbols[left.next];
       left.id = find_merge(c.left, c.right)->merged;
       left.next = right.next;
       if (right.next >= 0) symbols[right.next].prev = c.pos;
