@@ -49,16 +49,8 @@ const HalfOps& half_ops() {
   return ops;
 }
 
-MPI_Datatype wire_type(DType t) { return t == DType::F32 ? MPI_FLOAT : MPI_UINT16_T; }
-
-MPI_Op mpi_op(DType t, ReduceOp op) {
-  switch (t) {
-    case DType::F32: return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
-    case DType::BF16: return op == ReduceOp::Sum ? half_ops().bf16_sum : half_ops().bf16_max;
-    case DType::F16: return op == ReduceOp::Sum ? half_ops().f16_sum : half_ops().f16_max;
-  }
-  return MPI_SUM;
-}
+MPI_Datatype wire_type(DType t) { return mpi_wire_type(t); }
+MPI_Op mpi_op(DType t, ReduceOp op) { return mpi_reduce_op(t, op); }
 
 std::string mpi_error_text(int rc) {
   char text[MPI_MAX_ERROR_STRING];
@@ -133,6 +125,17 @@ class MpiWork final : public Work {
 };
 
 }  // namespace
+
+MPI_Datatype mpi_wire_type(DType t) { return t == DType::F32 ? MPI_FLOAT : MPI_UINT16_T; }
+
+MPI_Op mpi_reduce_op(DType t, ReduceOp op) {
+  switch (t) {
+    case DType::F32: return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
+    case DType::BF16: return op == ReduceOp::Sum ? half_ops().bf16_sum : half_ops().bf16_max;
+    case DType::F16: return op == ReduceOp::Sum ? half_ops().f16_sum : half_ops().f16_max;
+  }
+  return MPI_SUM;
+}
 
 // ---- construction ----
 

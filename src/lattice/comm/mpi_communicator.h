@@ -68,6 +68,12 @@ class MpiCommunicator final : public Communicator {
   int tag_upper_bound_ = 32767;
 };
 
+// The MPI type and reduction that carry `t` (MPI_FLOAT / MPI_SUM for f32; for
+// bf16 and f16 MPI_UINT16_T and lattice's widening operations), for code that
+// calls MPI directly on lattice data, e.g. `lattice bench comm`'s raw baseline.
+MPI_Datatype mpi_wire_type(DType t);
+MPI_Op mpi_reduce_op(DType t, ReduceOp op);
+
 // A communicator over every rank: a duplicate of MPI_COMM_WORLD named "world".
 std::unique_ptr<MpiCommunicator> make_world_communicator();
 
