@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "lattice/data/loader.h"
 #include "lattice/data/prepare.h"
 #include "lattice/data/shard.h"
 #include "test_util.h"
@@ -137,6 +138,22 @@ TEST(Prepare, WritesShardsAndSplits) {
       read_back.insert(read_back.end(), t.begin(), t.end());
     }
   EXPECT_EQ(read_back, stream);
+
+  // The loader reads the train split as the same stream, across its shards.
+  LoaderOptions lo;
+  lo.pattern = o.out_dir + "/train_*.bin";
+  lo.B = 3;
+  lo.T = 400;  // windows span the 1000-token shards
+  lo.shuffle = false;
+  DataLoader loader(lo);
+  EXPECT_EQ(loader.num_tokens(), s.train_tokens);
+  std::vector<int32_t> in(3 * 400), tg(3 * 400);
+  loader.next_batch(in.data(), tg.data());
+  loader.next_batch(in.data(), tg.data());
+  for (int i = 0; i < 3 * 400; ++i) {
+    ASSERT_EQ(in[i], stream[1200 + i / 400 * 400 + i % 400]);
+    ASSERT_EQ(tg[i], stream[1200 + i / 400 * 400 + i % 400 + 1]);
+  }
 
   // A second run refuses to mix with the shards already there...
   expect_error([&] { prepare_shards(o, tok, nullptr); }, {"already holds", "train_000000.bin", "--overwrite"});

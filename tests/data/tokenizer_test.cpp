@@ -4,12 +4,15 @@
 // load errors, and the encode speed (printed, not asserted).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <ctime>
 #include <random>
 #include <set>
 
 #include "lattice/core/timer.h"
+#include "lattice/data/paths.h"
 #include "lattice/data/pretokenize.h"
 #include "lattice/data/tokenizer.h"
 #include "lattice/data/unicode.h"
@@ -281,6 +284,22 @@ TEST(Tokenizer, RoundTripsArbitraryBytes) {
     for (int id : ids) ASSERT_TRUE(id >= 0 && id < tok.vocab_size() && id != tok.eot());
     ASSERT_EQ(tok.decode(ids), s);
   }
+}
+
+TEST(Tokenizer, DefaultDirectoryFollowsLatticeHome) {
+  const char* old = std::getenv("LATTICE_HOME");
+  std::string saved = old ? old : "";
+  ::setenv("LATTICE_HOME", "/some/where", 1);
+  EXPECT_EQ(find_lattice_home(), "/some/where");
+  EXPECT_EQ(default_tokenizer_dir(), "/some/where/.cache/gpt2");
+  ::unsetenv("LATTICE_HOME");
+  // Without it: found from the executable or the working directory, if at all.
+  std::string dir = default_tokenizer_dir();
+  EXPECT_EQ(dir.substr(dir.size() - 11), ".cache/gpt2");
+  if (!find_lattice_home().empty()) {
+    EXPECT_TRUE(std::filesystem::is_directory(dir)) << dir;
+  }
+  if (old) ::setenv("LATTICE_HOME", saved.c_str(), 1);
 }
 
 TEST(Tokenizer, LoadErrorsNameTheFile) {

@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "lattice/cli/command.h"
+#include "lattice/comm/runtime.h"
+#include "lattice/core/error.h"
 #include "lattice/data/paths.h"
 #include "lattice/data/prepare.h"
 #include "lattice/data/tokenizer.h"
@@ -18,6 +20,9 @@ int run_prepare(const std::vector<std::string>& args) {
     std::fputs(prepare_usage().c_str(), stdout);
     return 0;
   }
+  // Every rank would write the same files: prepare is a one-process tool.
+  LATTICE_CHECK(lattice::comm::world_size() == 1,
+                "prepare: runs in one process, not under mpirun (world size " << lattice::comm::world_size() << ")");
   const std::string tokenizer_dir = opt.tokenizer_dir.empty() ? default_tokenizer_dir() : opt.tokenizer_dir;
   Tokenizer tokenizer = Tokenizer::load(tokenizer_dir);
   PrepareSummary s = prepare_shards(opt, tokenizer, stdout);
