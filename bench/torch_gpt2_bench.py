@@ -52,8 +52,9 @@ def parse_args():
     ap.add_argument("--steps", type=int, default=5, help="timed steps")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     ap.add_argument("--coretype", default="SkylakeX", help="OPENBLAS_CORETYPE for this run")
-    ap.add_argument("--foreach", choices=["on", "off"], default="on",
-                    help="torch.optim.AdamW foreach implementation (default on: the faster here)")
+    ap.add_argument("--foreach", choices=["on", "off"], default="off",
+                    help="torch.optim.AdamW foreach implementation (default off, torch 1.13's CPU default; "
+                         "on was not faster here)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     for k in ("n_layer", "n_head", "n_embd", "vocab", "batch", "seq", "threads", "steps"):
