@@ -1,0 +1,83 @@
+// lattice bench train [--set key=value ...] [--steps S] [--warmup W] [--json]
+//   Times whole training steps (forward, backward, AdamW) of a model on
+//   synthetic tokens: tokens/s and model FLOP/s, for bench/compare_gpt2.sh.
+#include <algorithm>
+#include <cstdio>
+
+#include "lattice/cli/args.h"
+#include "lattice/cli/bench_registry.h"
+#include "lattice/core/error.h"
+#include "lattice/core/threads.h"
+#include "lattice/core/timer.h"
+#include "lattice/io/config.h"
+#include "lattice/train/trainer.h"
+
+namespace lattice::cli {
+
+static const char* kBenchTrainHelp =
+    "usage: lattice bench train [-c CONFIG] [--set key=value ...] [--steps S] [--warmup W] [--json]\n"
+    "\n"
+    "Times S training steps (after W untimed warm-up steps) on synthetic tokens.\n"
+    "Defaults: GPT-2 124M, the config's batch, --steps 5 --warmup 2. Model FLOPs per\n"
+    "token = 6*(N - wpe) + 12*L*C*T (see ModelConfig::flops_per_token).\n";
+
+static int bench_train(const std::vector<std::string>& args) {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  long long steps = 5, warmup = 2;
+  bool json = false;
+  for (size_t i = 1; i < args.size(); i++) {
+    if (parse_config_flag(args, &i, &config_path, &overrides)) continue;
+    if (args[i] == "--help" || args[i] == "-h") {
+      std::printf("%s", kBenchTrainHelp);
+      return 0;
+    } else if (args[i] == "--steps") {
+      steps = parse_int_flag("--steps", flag_value(args, i++));
+      LATTICE_CHECK(steps >= 1, "--steps must be >= 1, got " << steps);
+    } else if (args[i] == "--warmup") {
+      warmup = parse_int_flag("--warmup", flag_value(args, i++));
+      LATTICE_CHECK(warmup >= 0, "--warmup must be >= 0, got " << warmup);
+    } else if (args[i] == "--json") {
+      json = true;
+    } else {
+      LATTICE_FAIL("lattice bench train: unknown option '" << args[i] << "' (see lattice bench train --help)");
+    }
+  }
+  // Synthetic tokens, no evaluation, checkpoints or metrics: only the steps.
+  overrides.push_back("data.train=");
+  overrides.push_back("data.val=");
+  overrides.push_back("checkpoint.dir=");
+  overrides.push_back("log.metrics_file=");
+  overrides.push_back("train.steps=" + std::to_string(steps + warmup));
+  io::RunConfig cfg = io::load_config(config_path, overrides);
+  train::Trainer trainer(cfg, train::TrainerOptions{false});
+  for (long long i = 0; i < warmup; i++) trainer.train_step();
+  std::vector<double> ms;
+  Timer total;
+  for (long long i = 0; i < steps; i++) ms.push_back(trainer.train_step().step_ms);
+  const double seconds = total.seconds();
+  const double tokens = static_cast<double>(cfg.train.micro_batch_size) * cfg.model.seq_len *
+                        cfg.train.grad_accum_steps * steps;
+  model::ModelConfig mc = trainer.model().config();
+  const double tok_s = tokens / seconds;
+  const double flops = tok_s * mc.flops_per_token(cfg.model.seq_len);
+  std::sort(ms.begin(), ms.end());
+  if (json) {
+    std::printf(
+        "{\"impl\":\"lattice\",\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"vocab_size\":%d,\"batch\":%d,"
+        "\"seq\":%d,\"threads\":%d,\"steps\":%lld,\"tokens_per_sec\":%.3f,\"step_ms\":%.3f,"
+        "\"step_ms_median\":%.3f,\"model_flops_per_sec\":%.6e,\"mfu\":%.4f}\n",
+        mc.n_layer, mc.n_head, mc.n_embd, mc.vocab_size, cfg.train.micro_batch_size, cfg.model.seq_len,
+        num_threads(), steps, tok_s, 1e3 * seconds / steps, ms[ms.size() / 2], flops, flops / trainer.peak_flops());
+  } else {
+    std::printf("model L=%d C=%d H=%d V=%d, batch %d x %d, %d threads, %lld steps\n", mc.n_layer, mc.n_embd,
+                mc.n_head, mc.vocab_size, cfg.train.micro_batch_size, cfg.model.seq_len, num_threads(), steps);
+    std::printf("  %.1f tokens/s, %.1f ms/step (median %.1f), %.1f GFLOP/s model, MFU %.1f%%\n", tok_s,
+                1e3 * seconds / steps, ms[ms.size() / 2], flops / 1e9, 100.0 * flops / trainer.peak_flops());
+  }
+  return 0;
+}
+
+LATTICE_REGISTER_BENCH("train", "time whole training steps of a model (tokens/s, model FLOP/s)", bench_train);
+
+}  // namespace lattice::cli
