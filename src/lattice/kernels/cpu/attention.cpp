@@ -7,8 +7,8 @@
 // blocks entirely in the future are never touched:
 //   S  = scale · Q[i0:i1] · K[0:i1]ᵀ                  small GEMM into a per-thread tile
 //   S_ij = -inf for j > i ; m_i = max_j S_ij ; l_i = Σ_j exp(S_ij - m_i)
-//   P  = exp(S - m) / l ; lse_i = m_i + log l_i
-//   out[i0:i1] = P · V[0:i1]                            small GEMM
+//   E  = exp(S - m) ; lse_i = m_i + log l_i
+//   out[i0:i1] = (E · V[0:i1]) / l                      small GEMM, then a row scale
 // The tile is [kQueryBlock, i1] floats (256 KiB at T = 1024), so it stays in
 // L2 between the two GEMMs and the softmax; with the whole visible key range in
 // one tile the softmax is exact in one step (no online rescaling is needed).
@@ -56,26 +56,41 @@ void check_args(int B, int T, int C, int NH) {
 }
 
 // Row r of the [rows, keys] tile S belongs to query i0 + r, which sees keys
-// 0..i0+r. Turns S into P = softmax(S) (future keys → 0), writes lse.
+// 0..i0+r. Replaces S by the unnormalised exp(S - m) (future keys → 0) and
+// writes inv_l = 1/l and lse = m + log l per row; the 1/l is applied to the
+// hs-wide output rows after the PV product instead of to the keys-wide tile.
+// The loops run over the whole tile width with the mask as a select, so they
+// vectorise without scalar tails (rows are only 64..T floats long).
 LATTICE_SIMD_CLONES
-void softmax_rows(float* S, float* lse, int rows, int keys, int i0) {
+void softmax_rows(float* S, float* lse, float* inv_l, int rows, int keys, int i0) {
   for (int r = 0; r < rows; ++r) {
     float* s = S + static_cast<int64_t>(r) * keys;
     const int visible = i0 + r + 1;
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
-    for (int j = 0; j < visible; ++j) m = s[j] > m ? s[j] : m;
+    for (int j = 0; j < keys; ++j) {
+      const float v = j < visible ? s[j] : -INFINITY;
+      m = v > m ? v : m;
+    }
     float l = 0.0f;
 #pragma omp simd reduction(+ : l)
-    for (int j = 0; j < visible; ++j) {
-      const float p = cpu::exp_approx(s[j] - m);
+    for (int j = 0; j < keys; ++j) {
+      const float p = j < visible ? cpu::exp_approx(s[j] - m) : 0.0f;
       s[j] = p;
       l += p;
     }
-    const float inv = 1.0f / l;
-    for (int j = 0; j < visible; ++j) s[j] *= inv;
-    for (int j = visible; j < keys; ++j) s[j] = 0.0f;
+    inv_l[r] = 1.0f / l;
     lse[r] = m + std::log(l);
+  }
+}
+
+// out[r, :] *= inv_l[r] for the rows of one block of one head.
+LATTICE_SIMD_CLONES
+void scale_rows(float* out, const float* inv_l, int rows, int hs, int64_t ld) {
+  for (int r = 0; r < rows; ++r) {
+    float* o = out + r * ld;
+    const float f = inv_l[r];
+    for (int d = 0; d < hs; ++d) o[d] *= f;
   }
 }
 
@@ -87,12 +102,12 @@ void recompute_p_and_ds(float* S, float* dP, const float* lse, const float* D, i
     float* dp = dP + static_cast<int64_t>(r) * keys;
     const int visible = i0 + r + 1;
     const float l = lse[r], d = D[r];
-    for (int j = 0; j < visible; ++j) {
-      const float p = cpu::exp_approx(s[j] - l);
+#pragma omp simd
+    for (int j = 0; j < keys; ++j) {
+      const float p = j < visible ? cpu::exp_approx(s[j] - l) : 0.0f;
       s[j] = p;
       dp[j] = p * (dp[j] - d);
     }
-    for (int j = visible; j < keys; ++j) s[j] = dp[j] = 0.0f;
   }
 }
 
@@ -109,6 +124,14 @@ void row_dots(float* D, const float* dout, const float* out, int T, int hs, int6
   }
 }
 
+// The small per-block GEMMs (rows ≤ 64, inner or outer size hs) run on the
+// calling OpenMP thread. dnnl_sgemm and a cached matmul primitive measured the
+// same here; dnnl_sgemm needs no per-shape cache.
+void small_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  cpu::gemm_dnnl_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 void zero_rows(float* x, int rows, int cols, int64_t ld) {
   for (int i = 0; i < rows; ++i) std::fill(x + i * ld, x + i * ld + cols, 0.0f);
 }
@@ -123,7 +146,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
   const int query_blocks = (T + kQueryBlock - 1) / kQueryBlock;
   const int64_t heads = static_cast<int64_t>(B) * NH;
   const int64_t tile = static_cast<int64_t>(kQueryBlock) * T;
-  float* tiles = workspace(tile, omp_get_max_threads());
+  const int64_t per_thread = tile + kQueryBlock;  // exp(S - m) tile, 1/l
+  float* tiles = workspace(per_thread, omp_get_max_threads());
 
   // Largest query blocks (most keys) first, for the dynamic schedule.
 #pragma omp parallel for schedule(dynamic, 1)
@@ -135,11 +159,13 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
     const float* q = qkv + (b * T + i0) * ld_qkv + h * hs;
     const float* k = qkv + b * T * ld_qkv + C + h * hs;
     const float* v = qkv + b * T * ld_qkv + 2 * C + h * hs;
-    float* S = tiles + omp_get_thread_num() * tile;
-    cpu::gemm_dnnl_sgemm(false, true, rows, keys, hs, scale, q, ld_qkv, k, ld_qkv, 0.0f, S, keys);
-    softmax_rows(S, lse + bh * T + i0, rows, keys, i0);
-    cpu::gemm_dnnl_sgemm(false, false, rows, hs, keys, 1.0f, S, keys, v, ld_qkv, 0.0f,
-                         out + (b * T + i0) * C + h * hs, C);
+    float* S = tiles + omp_get_thread_num() * per_thread;
+    float* inv_l = S + tile;
+    float* o = out + (b * T + i0) * C + h * hs;
+    small_gemm(false, true, rows, keys, hs, scale, q, ld_qkv, k, ld_qkv, 0.0f, S, keys);
+    softmax_rows(S, lse + bh * T + i0, inv_l, rows, keys, i0);
+    small_gemm(false, false, rows, hs, keys, 1.0f, S, keys, v, ld_qkv, 0.0f, o, C);
+    scale_rows(o, inv_l, rows, hs, C);
   }
 }
 
@@ -176,12 +202,12 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       const int i0 = qb * kQueryBlock, i1 = std::min(T, i0 + kQueryBlock), rows = i1 - i0, keys = i1;
       const float* q_blk = q + i0 * ld_qkv;
       const float* dy_blk = dy + static_cast<int64_t>(i0) * C;
-      cpu::gemm_dnnl_sgemm(false, true, rows, keys, hs, scale, q_blk, ld_qkv, k, ld_qkv, 0.0f, P, keys);
-      cpu::gemm_dnnl_sgemm(false, true, rows, keys, hs, 1.0f, dy_blk, C, v, ld_qkv, 0.0f, dP, keys);
+      small_gemm(false, true, rows, keys, hs, scale, q_blk, ld_qkv, k, ld_qkv, 0.0f, P, keys);
+      small_gemm(false, true, rows, keys, hs, 1.0f, dy_blk, C, v, ld_qkv, 0.0f, dP, keys);
       recompute_p_and_ds(P, dP, lse_bh + i0, D + i0, rows, keys, i0);
-      cpu::gemm_dnnl_sgemm(true, false, keys, hs, rows, 1.0f, P, keys, dy_blk, C, 1.0f, dv, ld_qkv);
-      cpu::gemm_dnnl_sgemm(false, false, rows, hs, keys, scale, dP, keys, k, ld_qkv, 0.0f, dq + i0 * ld_qkv, ld_qkv);
-      cpu::gemm_dnnl_sgemm(true, false, keys, hs, rows, scale, dP, keys, q_blk, ld_qkv, 1.0f, dk, ld_qkv);
+      small_gemm(true, false, keys, hs, rows, 1.0f, P, keys, dy_blk, C, 1.0f, dv, ld_qkv);
+      small_gemm(false, false, rows, hs, keys, scale, dP, keys, k, ld_qkv, 0.0f, dq + i0 * ld_qkv, ld_qkv);
+      small_gemm(true, false, keys, hs, rows, scale, dP, keys, q_blk, ld_qkv, 1.0f, dk, ld_qkv);
     }
   }
 }

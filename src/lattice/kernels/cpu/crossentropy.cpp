@@ -31,10 +31,23 @@ float row_sum_exp(const float* z, int V, float m) {
   return s;
 }
 
-// z_j ← exp(z_j - m)·scale for j < V, 0 for V ≤ j < Vp; returns Σ exp(z_j - m).
+// z_j ← exp(z_j - m) for j < V; returns Σ_j exp(z_j - m).
 LATTICE_SIMD_CLONES
-void row_softmax_scaled(float* z, int V, int Vp, float m, float scale) {
-  for (int j = 0; j < V; ++j) z[j] = cpu::exp_approx(z[j] - m) * scale;
+float row_exp_in_place(float* z, int V, float m) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int j = 0; j < V; ++j) {
+    const float e = cpu::exp_approx(z[j] - m);
+    z[j] = e;
+    s += e;
+  }
+  return s;
+}
+
+// z_j ← z_j·scale for j < V, 0 for the padding V ≤ j < Vp.
+LATTICE_SIMD_CLONES
+void row_scale_and_clear_padding(float* z, int V, int Vp, float scale) {
+  for (int j = 0; j < V; ++j) z[j] *= scale;
   for (int j = V; j < Vp; ++j) z[j] = 0.0f;
 }
 
@@ -69,9 +82,9 @@ void crossentropy_forward_backward(float* logits_inout, float* losses, const int
     const int32_t target = targets[i];
     const float z_target = z[target];
     const float m = row_max(z, V);
-    const float s = row_sum_exp(z, V, m);
+    const float s = row_exp_in_place(z, V, m);  // the row stays in L2 for the next pass
     losses[i] = m + std::log(s) - z_target;
-    row_softmax_scaled(z, V, Vp, m, dloss / s);
+    row_scale_and_clear_padding(z, V, Vp, dloss / s);
     z[target] -= dloss;
   }
 }

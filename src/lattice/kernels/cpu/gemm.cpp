@@ -2,11 +2,22 @@
 //
 // Why oneDNN: on the Xeon this project is developed on (AVX-512, avx512_bf16),
 // Debian's OpenBLAS 0.3.21 detects the core as "Prescott" and runs SSE3 kernels
-// (20–31 GFLOP/s on one thread) unless OPENBLAS_CORETYPE=SkylakeX is set;
-// oneDNN dispatches its JIT kernels on CPUID at run time and reaches 105–150
-// GFLOP/s with no setting. A product must not need an environment variable to
-// be fast. docs/kernels.md has the measurements that chose between oneDNN's two
-// entry points (dnnl_sgemm and a cached matmul primitive) for each case.
+// (~30 GFLOP/s on one thread) unless OPENBLAS_CORETYPE=SkylakeX is set; oneDNN
+// dispatches its JIT kernels on CPUID at run time and needs no setting. A
+// product must not need an environment variable to be fast.
+//
+// Which oneDNN entry point (bench/kernels, docs/kernels.md has the figures):
+//   f32   dnnl_sgemm. At every GPT-2 shape and transpose combination it was
+//         as fast as or faster than a cached dnnl::matmul primitive (which
+//         falls to ~40-70% of it for some backward shapes, e.g. K = 3072 → 768),
+//         and it needs no per-shape state.
+//   bf16  oneDNN 2.6's bf16 matmul (brgemm avx512_core_bf16, no AMX here) runs
+//         at ~80 GFLOP/s, half the f32 rate; widening the bf16 blocks to f32
+//         (exact) and calling dnnl_sgemm reaches the f32 rate. So bf16 goes
+//         through gemm_bf16_via_sgemm. (dnnl_gemm_bf16bf16f32 is not exported
+//         by the 2.6 library.)
+// The matmul primitive path is kept (gemm_dnnl_matmul) for the benchmark and
+// for callers that want a fused bias.
 //
 // Threads: Debian's oneDNN is built with the OpenMP runtime (DNNL_CPU_RUNTIME
 // = OMP, linked against libgomp, the same runtime as our kernels), so it uses
@@ -14,6 +25,7 @@
 // OpenMP parallel region it runs on the calling thread only.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <unordered_map>
 
@@ -23,6 +35,7 @@
 #include "lattice/core/error.h"
 #include "lattice/core/memory.h"
 #include "lattice/kernels/cpu/gemm_internal.h"
+#include "lattice/kernels/cpu/vec_math.h"
 #include "lattice/kernels/ops.h"
 
 namespace lattice::kernels {
@@ -139,7 +152,79 @@ MatmulEntry build_matmul(const MatmulKey& k) {
   return e;
 }
 
+// Widens rows [r0, r1) × columns [c0, c1) of a row-major bf16 matrix (leading
+// dimension ld) into a dense f32 block with leading dimension c1 - c0.
+LATTICE_SIMD_CLONES
+void widen_rows(float* dst, const uint16_t* src, int64_t ld, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  const int64_t width = c1 - c0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint16_t* s = src + r * ld + c0;
+    float* d = dst + (r - r0) * width;
+    for (int64_t c = 0; c < width; ++c) {
+      const uint32_t bits = static_cast<uint32_t>(s[c]) << 16;
+      std::memcpy(&d[c], &bits, 4);
+    }
+  }
+}
+
+void widen_block(float* dst, const uint16_t* src, int64_t ld, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  const int64_t rows = r1 - r0;
+  if (rows * (c1 - c0) < (1 << 16) || omp_in_parallel()) return widen_rows(dst, src, ld, r0, r1, c0, c1);
+  const int64_t chunks = std::min<int64_t>(rows, 64);
+#pragma omp parallel for schedule(static)
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    int64_t b, e;
+    split_range(rows, chunks, chunk, &b, &e);
+    widen_rows(dst + b * (c1 - c0), src, ld, r0 + b, r0 + e, c0, c1);
+  }
+}
+
+// Ceil-divides n into blocks of at most `max_block`, of nearly equal size.
+int64_t even_block(int64_t n, int64_t max_block) {
+  const int64_t blocks = (n + max_block - 1) / max_block;
+  return (n + blocks - 1) / blocks;
+}
+
 }  // namespace
+
+void gemm_bf16_via_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                         const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
+                         int64_t ldc) {
+  check_gemm_args(trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  if (M == 0 || N == 0) return;
+  if (K == 0) return scale_c(M, N, beta, C, ldc);
+  // Blocks of op(A) [mb, kb] and op(B) [kb, nb], at most 2048 × 2048 × 1024,
+  // so the workspace stays ≤ 16 MiB whatever the shape (GPT-2's LM head would
+  // need 150 MiB widened whole). Widening costs O(mb·kb + kb·nb) per block
+  // against O(mb·nb·kb) multiply-adds: under 1% at these sizes.
+  const int64_t mb = even_block(M, 2048), nb = even_block(N, 2048), kb = even_block(K, 1024);
+  thread_local Buffer workspace;
+  const size_t bytes = sizeof(float) * static_cast<size_t>(mb * kb + kb * nb);
+  if (workspace.bytes() < bytes) workspace.ensure(bytes, MemCategory::Workspace);
+  float* a_block = workspace.as<float>();
+  float* b_block = a_block + mb * kb;
+  for (int64_t j0 = 0; j0 < N; j0 += nb) {
+    const int64_t j1 = std::min(N, j0 + nb);
+    for (int64_t i0 = 0; i0 < M; i0 += mb) {
+      const int64_t i1 = std::min(M, i0 + mb);
+      for (int64_t k0 = 0; k0 < K; k0 += kb) {
+        const int64_t k1 = std::min(K, k0 + kb);
+        // op(A)[i0:i1, k0:k1]: stored rows i (or k when transposed).
+        if (trans_a)
+          widen_block(a_block, A, lda, k0, k1, i0, i1);
+        else
+          widen_block(a_block, A, lda, i0, i1, k0, k1);
+        if (trans_b)
+          widen_block(b_block, B, ldb, j0, j1, k0, k1);
+        else
+          widen_block(b_block, B, ldb, k0, k1, j0, j1);
+        const int64_t a_ld = trans_a ? i1 - i0 : k1 - k0, b_ld = trans_b ? k1 - k0 : j1 - j0;
+        gemm_dnnl_sgemm(trans_a, trans_b, i1 - i0, j1 - j0, k1 - k0, alpha, a_block, a_ld, b_block, b_ld,
+                        k0 == 0 ? beta : 1.0f, C + i0 * ldc + j0, ldc);
+      }
+    }
+  }
+}
 
 void gemm_dnnl_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                      int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
@@ -201,8 +286,11 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   if (ab_type == DType::F32) {
     cpu::gemm_dnnl_sgemm(trans_a, trans_b, M, N, K, alpha, static_cast<const float*>(A), lda,
                          static_cast<const float*>(B), ldb, beta, C, ldc);
+  } else if (ab_type == DType::BF16) {
+    cpu::gemm_bf16_via_sgemm(trans_a, trans_b, M, N, K, alpha, static_cast<const uint16_t*>(A), lda,
+                             static_cast<const uint16_t*>(B), ldb, beta, C, ldc);
   } else {
-    cpu::gemm_dnnl_matmul(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_type, nullptr);
+    LATTICE_FAIL("gemm: A/B type " << dtype_name(ab_type) << " is not supported (f32 or bf16)");
   }
 }
 

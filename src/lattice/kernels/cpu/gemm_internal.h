@@ -20,6 +20,14 @@ void gemm_dnnl_matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
                       int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc, DType ab_type,
                       const float* bias);
 
+// bf16 A and B widened to f32 block by block (exact: bf16 is the top half of
+// an f32) into a per-thread workspace, then dnnl_sgemm on the blocks. Products
+// of bf16 values are exact in f32 and the sums are f32, as in a bf16 GEMM
+// with f32 accumulation.
+void gemm_bf16_via_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                         const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
+                         int64_t ldc);
+
 // Number of primitives in the calling thread's matmul cache (for tests).
 int64_t matmul_cache_size();
 
