@@ -98,6 +98,10 @@ TEST(Prepare, BlockwiseEncodingEqualsWholeText) {
   std::vector<int> expected = encode_documents(tricky, tok, tricky.size());
   for (size_t block : {size_t(1), size_t(7), size_t(64)})
     EXPECT_EQ(encode_documents(tricky, tok, block), expected) << "block " << block;
+  // One long line: no place to cut until the end.
+  std::string line;
+  for (int i = 0; i < 2000; ++i) line += "word" + std::to_string(i % 97) + (i % 13 ? " " : "  ");
+  EXPECT_EQ(encode_documents(line, tok, 100), encode_documents(line, tok, line.size()));
 }
 
 TEST(Prepare, WritesShardsAndSplits) {

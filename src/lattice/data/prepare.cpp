@@ -25,17 +25,19 @@ bool is_visible_ascii(char c) { return c > ' ' && c < 0x7F; }
 // character on both sides. That newline is a one-character white-space run
 // (\s+ alone, or \s+(?!\S) at the end of the prefix: the same piece), the piece
 // before it ends at it whatever follows, and the next piece starts after it in
-// both cases. Returns 0 when there is no such place.
-size_t safe_cut(std::string_view text) {
-  if (text.size() < 3) return 0;
-  size_t i = text.size() - 2;
+// both cases. Only newlines at index >= `from` are considered (the text
+// before was searched already). Returns 0 when there is no such place.
+size_t safe_cut(std::string_view text, size_t from) {
+  from = std::max<size_t>(from, 1);
+  if (text.size() < 3 || from > text.size() - 2) return 0;
+  size_t last = text.size() - 2;  // a candidate needs a character after it
   while (true) {
-    const void* hit = memrchr(text.data() + 1, '\n', i);  // search [1, i]
+    const void* hit = memrchr(text.data() + from, '\n', last - from + 1);  // search [from, last]
     if (!hit) return 0;
-    i = static_cast<size_t>(static_cast<const char*>(hit) - text.data());
+    size_t i = static_cast<size_t>(static_cast<const char*>(hit) - text.data());
     if (is_visible_ascii(text[i - 1]) && is_visible_ascii(text[i + 1])) return i + 1;
-    if (i <= 1) return 0;
-    --i;
+    if (i <= from) return 0;
+    last = i - 1;
   }
 }
 
@@ -49,8 +51,10 @@ class StreamEncoder {
     if (out_->empty() || !doc_empty_) emit_eot();
   }
   void feed(std::string_view block) {
+    // Places before the last character of the old text were searched before.
+    size_t from = pending_.empty() ? 0 : pending_.size() - 1;
     pending_.append(block);
-    size_t cut = safe_cut(pending_);
+    size_t cut = safe_cut(pending_, from);
     if (cut == 0) return;
     encode_text(std::string_view(pending_).substr(0, cut));
     pending_.erase(0, cut);
