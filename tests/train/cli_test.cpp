@@ -104,3 +104,33 @@ TEST(Cli, InterruptSavesACheckpoint) {
   EXPECT_NE(out.find("exit=130"), std::string::npos) << out;
   EXPECT_TRUE(fs::exists(dir / "run" / "latest"));
 }
+
+// Under mpiexec every rank refuses a mesh that does not fit the world, and a
+// dimension that is not implemented yet, with the same one-line message; the
+// job exits non-zero instead of hanging.
+TEST(Cli, MultiRankRefusalsReachEveryRank) {
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  auto mpirun = [](const std::string& args) {
+    std::string cmd = std::string(LATTICE_MPIEXEC) + " -n 2 --oversubscribe " + LATTICE_BIN + " " + args + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    int status = pclose(p);
+    return Result{WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  };
+  Result r = mpirun("train " + kTiny + "--set parallel.dp=3");
+  EXPECT_NE(r.code, 0);
+  for (const char* rank : {"rank 0: ", "rank 1: "})
+    EXPECT_NE(r.output.find(std::string(rank) + "parallel.pp=1 × parallel.dp=3 × parallel.cp=1 × parallel.tp=1 = 3 "
+                                                "does not equal the 2 ranks"),
+              std::string::npos)
+        << r.output;
+  r = mpirun("train " + kTiny + "--set parallel.tp=2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("parallel.tp=2: tensor parallelism is not implemented yet; set parallel.tp=1"),
+            std::string::npos)
+      << r.output;
+}

@@ -233,11 +233,17 @@ TEST(Trainer, InitFromLoadsHfWeights) {
   EXPECT_NE(msg.find("no tensor 'h.2.ln_1.weight'"), std::string::npos) << msg;
 }
 
-TEST(Trainer, RefusesUnimplementedParallelismNamingTheKey) {
+TEST(Trainer, RefusesMeshMismatchAndUnimplementedFeatures) {
   io::RunConfig cfg = tiny_run();
   cfg.parallel.tp = 2;
+  // One process: the mesh does not fit the world, which is said first.
+  EXPECT_NE(error_of([&] { train::Trainer t(cfg, {false}); })
+                .find("parallel.tp=2 = 2 does not equal the 1 rank of this run"),
+            std::string::npos);
+  cfg.parallel.tp = 1;
+  cfg.precision.compute = "bf16";
   EXPECT_EQ(error_of([&] { train::Trainer t(cfg, {false}); }),
-            "parallel.tp=2 is not implemented yet; set parallel.tp=1");
+            "precision.compute=bf16 is not implemented yet; set f32");
 }
 
 // An independent reader: tools/check_checkpoint.py loads the checkpoint's

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "lattice/comm/process_mesh.h"
 #include "lattice/comm/runtime.h"
 #include "lattice/core/error.h"
 #include "lattice/core/memory.h"
@@ -87,16 +88,13 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   model_config_.validate();
   is_root_ = comm::world_rank() == 0;
   const auto& p = config_.parallel;
-  // Every parallel dimension arrives with its own issue; until then a run is
-  // one process and any size > 1 is refused here, naming the key.
-  LATTICE_CHECK(comm::world_size() == 1,
-                "this run was started on " << comm::world_size()
-                                           << " ranks, but no parallel dimension is implemented yet "
-                                              "(parallel.dp, tp, pp, cp, ep must be 1): run lattice without mpiexec");
-  for (auto [key, value] : {std::pair<const char*, int>{"parallel.dp", p.dp}, {"parallel.tp", p.tp},
-                            {"parallel.pp", p.pp}, {"parallel.cp", p.cp}, {"parallel.ep", p.ep}}) {
-    LATTICE_CHECK(value == 1, key << "=" << value << " is not implemented yet; set " << key << "=1");
-  }
+  // The mesh first: sizes whose product is not the number of ranks started
+  // are refused on every rank with one message naming the keys. Then every
+  // parallel dimension not implemented yet is refused, naming its key.
+  const comm::MeshSizes sizes{p.pp, p.dp, p.cp, p.tp, p.ep};
+  comm::validate_mesh_sizes(comm::world_size(), sizes);
+  comm::refuse_unimplemented(sizes);
+  mesh_ = std::make_unique<comm::ProcessMesh>(comm::ProcessMesh::create(sizes));
   LATTICE_CHECK(p.zero_stage == 0, "parallel.zero_stage=" << p.zero_stage << " is not implemented yet; set 0");
   LATTICE_CHECK(config_.precision.compute == "f32",
                 "precision.compute=" << config_.precision.compute << " is not implemented yet; set f32");

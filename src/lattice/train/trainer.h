@@ -21,6 +21,9 @@
 namespace lattice::io {
 class MetricsWriter;
 }
+namespace lattice::comm {
+class ProcessMesh;
+}
 
 namespace lattice::train {
 
@@ -66,6 +69,7 @@ class Trainer {
 
   io::RunConfig config_;
   TrainerOptions options_;
+  std::unique_ptr<comm::ProcessMesh> mesh_;
   model::ModelConfig model_config_;
   std::unique_ptr<model::GPT> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
