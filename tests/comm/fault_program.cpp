@@ -57,5 +57,6 @@ int main(int argc, char** argv) {
       return 0;
     }
     LATTICE_FAIL("unknown scenario '" << scenario << "' (valid: ok, throw, skip, busy, mesh)");
+    return 2;
   });
 }

@@ -47,16 +47,19 @@ const char* kHelp =
     "  --max-bytes SIZE   largest buffer (default 256M)\n"
     "  --factor F         size multiplier between steps (default 2)\n"
     "  --ops LIST         comma-separated subset of all_reduce,reduce_scatter,all_gather,\n"
-    "                     all_to_all,send_recv,broadcast (default: all but broadcast)\n"
+    "                     all_to_all,send_recv,broadcast,iall_reduce (default: the first\n"
+    "                     five; iall_reduce is the non-blocking form, raw side MPI_Iallreduce)\n"
     "  --dtype T          f32 (default), bf16 or f16; bf16/f16 reductions use lattice's\n"
     "                     widening MPI operation on both sides\n"
-    "  --rounds R         timed rounds per size, lattice and raw alternating (default 5)\n"
-    "  --iters K          calls per round (default: 64 MiB / size, between 2 and 200)\n"
+    "  --rounds R         timed rounds per size and side, alternating ABBA (default 21)\n"
+    "  --iters K          calls per round (default: 1 MiB / size, between 1 and 100)\n"
     "\n"
-    "A round's time is the slowest rank's. The table shows each side's fastest round;\n"
-    "ratio is the median over rounds of lattice busbw / raw busbw, measured back to back.\n";
+    "A round is K calls of one side after a barrier, timed on the slowest rank; rounds of\n"
+    "lattice and raw MPI alternate (ABBA). The table shows each side's fastest round (the\n"
+    "figure least disturbed by other load); the ratios are lattice busbw / raw busbw from\n"
+    "the fastest and from the median rounds.\n";
 
-enum class Op { AllReduce, ReduceScatter, AllGather, AllToAll, SendRecv, Broadcast };
+enum class Op { AllReduce, ReduceScatter, AllGather, AllToAll, SendRecv, Broadcast, IAllReduce };
 
 struct OpInfo {
   Op op;
@@ -66,11 +69,13 @@ struct OpInfo {
 
 const OpInfo kOps[] = {{Op::AllReduce, "all_reduce", "2(n-1)/n"}, {Op::ReduceScatter, "reduce_scatter", "(n-1)/n"},
                        {Op::AllGather, "all_gather", "(n-1)/n"},  {Op::AllToAll, "all_to_all", "(n-1)/n"},
-                       {Op::SendRecv, "send_recv", "1"},          {Op::Broadcast, "broadcast", "1"}};
+                       {Op::SendRecv, "send_recv", "1"},          {Op::Broadcast, "broadcast", "1"},
+                       {Op::IAllReduce, "iall_reduce", "2(n-1)/n"}};
 
 double bus_factor(Op op, int n) {
   switch (op) {
-    case Op::AllReduce: return 2.0 * (n - 1) / n;
+    case Op::AllReduce:
+    case Op::IAllReduce: return 2.0 * (n - 1) / n;
     case Op::ReduceScatter:
     case Op::AllGather:
     case Op::AllToAll: return static_cast<double>(n - 1) / n;
@@ -101,7 +106,7 @@ struct Options {
   double factor = 2;
   std::vector<Op> ops = {Op::AllReduce, Op::ReduceScatter, Op::AllGather, Op::AllToAll, Op::SendRecv};
   DType dtype = DType::F32;
-  int rounds = 5;
+  int rounds = 21;
   int iters = 0;  // 0: from the size
 };
 
@@ -136,7 +141,7 @@ Options parse(const std::vector<std::string>& args, bool* help) {
           if (name == info.name) found = &info;
         LATTICE_CHECK(found, "--ops: unknown operation '"
                                  << name << "' (valid: all_reduce, reduce_scatter, all_gather, all_to_all, "
-                                            "send_recv, broadcast)");
+                                            "send_recv, broadcast, iall_reduce)");
         o.ops.push_back(found->op);
       }
     } else {
@@ -148,21 +153,20 @@ Options parse(const std::vector<std::string>& args, bool* help) {
   return o;
 }
 
-// Per-call seconds of each round, lattice and raw measured back to back.
+// Per-call seconds of each round (a round: `iters` calls of one side after a
+// barrier, timed on the slowest rank). Rounds of lattice and raw MPI
+// alternate, ABBA, so a change in machine load hits both sides alike.
 struct Rounds {
   std::vector<double> ours, raw;
+  static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    size_t m = v.size() / 2;
+    return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+  }
+  double median_ours() const { return median(ours); }
+  double median_raw() const { return median(raw); }
   double best_ours() const { return *std::min_element(ours.begin(), ours.end()); }
   double best_raw() const { return *std::min_element(raw.begin(), raw.end()); }
-  // Median over rounds of raw time / lattice time (= lattice busbw / raw
-  // busbw): pairs measured seconds apart see the same machine load, so this
-  // is the robust figure on a shared machine.
-  double median_ratio() const {
-    std::vector<double> r;
-    for (size_t i = 0; i < ours.size(); i++) r.push_back(raw[i] / ours[i]);
-    std::sort(r.begin(), r.end());
-    size_t m = r.size() / 2;
-    return r.size() % 2 ? r[m] : 0.5 * (r[m - 1] + r[m]);
-  }
 };
 
 class CommBench {
@@ -194,6 +198,7 @@ class CommBench {
     void* d = recv_.data();
     switch (op) {
       case Op::AllReduce: c_.all_reduce(d, count, o_.dtype, comm::ReduceOp::Sum); break;
+      case Op::IAllReduce: c_.iall_reduce(d, count, o_.dtype, comm::ReduceOp::Sum)->wait(); break;
       case Op::ReduceScatter: c_.reduce_scatter(s, d, count, o_.dtype, comm::ReduceOp::Sum); break;
       case Op::AllGather: c_.all_gather(s, d, count, o_.dtype); break;
       case Op::AllToAll: c_.all_to_all(s, d, count, o_.dtype); break;
@@ -217,6 +222,12 @@ class CommBench {
       case Op::AllReduce:
         MPI_Allreduce(MPI_IN_PLACE, d, n, t, comm::mpi_reduce_op(o_.dtype, comm::ReduceOp::Sum), mc);
         break;
+      case Op::IAllReduce: {
+        MPI_Request request;
+        MPI_Iallreduce(MPI_IN_PLACE, d, n, t, comm::mpi_reduce_op(o_.dtype, comm::ReduceOp::Sum), mc, &request);
+        MPI_Wait(&request, MPI_STATUS_IGNORE);
+        break;
+      }
       case Op::ReduceScatter:
         MPI_Reduce_scatter_block(s, d, n, t, comm::mpi_reduce_op(o_.dtype, comm::ReduceOp::Sum), mc);
         break;
@@ -273,6 +284,19 @@ class CommBench {
   Buffer send_, recv_;
 };
 
+// "6.70 6.81 6.30" from /proc/loadavg: the machine may be shared.
+std::string load_average() {
+  FILE* f = std::fopen("/proc/loadavg", "r");
+  if (!f) return "unknown";
+  double a = 0, b = 0, c = 0;
+  int got = std::fscanf(f, "%lf %lf %lf", &a, &b, &c);
+  std::fclose(f);
+  if (got != 3) return "unknown";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f %.2f %.2f (1, 5, 15 min)", a, b, c);
+  return buf;
+}
+
 std::string human_size(size_t bytes) {
   char buf[32];
   if (bytes >= (1u << 20))
@@ -303,9 +327,12 @@ int run_bench_comm(const std::vector<std::string>& args) {
   lib = lib.substr(0, lib.find_first_of(",\n"));
   if (root) {
     std::printf("# lattice bench comm: %d rank%s, %s, %s\n", n, n == 1 ? "" : "s", dtype_name(o.dtype), lib.c_str());
-    std::printf("# %d rounds of lattice and raw MPI back to back; a round's time is its slowest rank's\n", o.rounds);
-    std::printf("# time = fastest round, per call; algbw = size / time, busbw = algbw * factor (GB/s = 1e9 B/s)\n");
-    std::printf("# ratio = median over rounds of lattice busbw / raw busbw (1.000: no overhead)\n");
+    std::printf("# %d rounds per side and size, lattice and raw MPI alternating (ABBA); a round is `iters`\n",
+                o.rounds);
+    std::printf("# calls after a barrier, timed on its slowest rank. time = fastest round, per call;\n");
+    std::printf("# algbw = size / time, busbw = algbw * factor (GB/s = 1e9 B/s)\n");
+    std::printf("# ratio = lattice busbw / raw busbw (1.000: no overhead), of the fastest and of the median rounds\n");
+    std::printf("# load average at start: %s\n", load_average().c_str());
   }
 
   std::vector<size_t> sizes;
@@ -314,7 +341,7 @@ int run_bench_comm(const std::vector<std::string>& args) {
 
   struct Summary {
     const char* name;
-    double log_ratio_sum = 0;
+    double log_ratio_sum = 0, log_median_sum = 0;
     int count = 0;
     double worst = 1e30;
   };
@@ -327,37 +354,41 @@ int run_bench_comm(const std::vector<std::string>& args) {
     double factor = bus_factor(op, n);
     if (root) {
       std::printf("\n# %s (busbw factor %s = %.3f)\n", info->name, info->factor_text, factor);
-      std::printf("# %10s %10s %6s | %11s %8s %8s | %11s %8s %8s | %6s\n", "size", "count", "iters", "lattice us",
-                  "algbw", "busbw", "raw us", "algbw", "busbw", "ratio");
+      std::printf("# %10s %10s %6s | %11s %8s %8s | %11s %8s %8s | %6s %6s\n", "size", "count", "iters", "lattice us",
+                  "algbw", "busbw", "raw us", "algbw", "busbw", "best", "median");
     }
     Summary summary{info->name};
     for (size_t size : sizes) {
       size_t moved = bench.moved_bytes(op, size);
-      int iters = o.iters ? o.iters : static_cast<int>(std::clamp<size_t>((64u << 20) / moved, 2, 200));
+      int iters = o.iters ? o.iters : static_cast<int>(std::clamp<size_t>((1u << 20) / moved, 1, 100));
       Rounds rounds = bench.measure(op, size, iters);
       double alg_ours = moved / rounds.best_ours() / 1e9, alg_raw = moved / rounds.best_raw() / 1e9;
-      double ratio = rounds.median_ratio();
+      double ratio = alg_ours / alg_raw, median = rounds.median_raw() / rounds.median_ours();
       if (moved >= (1u << 20)) {
         summary.log_ratio_sum += std::log(ratio);
+        summary.log_median_sum += std::log(median);
         summary.count++;
         summary.worst = std::min(summary.worst, ratio);
       }
       if (root)
-        std::printf("  %10s %10zu %6d | %11.1f %8.3f %8.3f | %11.1f %8.3f %8.3f | %6.3f\n", human_size(moved).c_str(),
+        std::printf("  %10s %10zu %6d | %11.1f %8.3f %8.3f | %11.1f %8.3f %8.3f | %6.3f %6.3f\n",
+                    human_size(moved).c_str(),
                     bench.block_count(op, size), iters, rounds.best_ours() * 1e6, alg_ours, alg_ours * factor,
-                    rounds.best_raw() * 1e6, alg_raw, alg_raw * factor, ratio);
+                    rounds.best_raw() * 1e6, alg_raw, alg_raw * factor, ratio, median);
       std::fflush(stdout);
     }
     summaries.push_back(summary);
   }
 
   if (root) {
-    std::printf("\n# sizes >= 1 MiB: ratio (median over rounds of lattice busbw / raw MPI busbw)\n");
-    std::printf("# %-16s %10s %10s\n", "operation", "geo-mean", "worst");
+    std::printf("\n# sizes >= 1 MiB: lattice busbw / raw MPI busbw\n");
+    std::printf("# %-16s %12s %12s %14s\n", "operation", "best geomean", "best worst", "median geomean");
     for (const Summary& s : summaries) {
       if (s.count == 0) continue;
-      std::printf("  %-16s %10.3f %10.3f\n", s.name, std::exp(s.log_ratio_sum / s.count), s.worst);
+      std::printf("  %-16s %12.3f %12.3f %14.3f\n", s.name, std::exp(s.log_ratio_sum / s.count), s.worst,
+                  std::exp(s.log_median_sum / s.count));
     }
+    std::printf("# load average at end: %s\n", load_average().c_str());
   }
   return 0;
 }
