@@ -55,29 +55,48 @@ void check_args(int B, int T, int C, int NH) {
   LATTICE_CHECK(C % NH == 0, "attention: C=" << C << " is not divisible by NH=" << NH);
 }
 
-// Row r of the [rows, keys] tile S belongs to query i0 + r, which sees keys
-// 0..i0+r. Replaces S by the unnormalised exp(S - m) (future keys → 0) and
-// writes inv_l = 1/l and lse = m + log l per row; the 1/l is applied to the
-// hs-wide output rows after the PV product instead of to the keys-wide tile.
-// The loops run over the whole tile width with the mask as a select, so they
-// vectorise without scalar tails (rows are only 64..T floats long).
+// kCausalMask[kQueryBlock - 1 - r + c] is 0 for c ≤ r and -inf for c > r: row
+// r of a diagonal block, shifted, masks the future keys with one add per
+// element, so the loops below have no branches or per-row split points and
+// vectorise over whole rows (rows are only 64..T floats long; scalar
+// remainder loops at every causal boundary cost as much as the vector work).
+struct CausalMask {
+  float values[2 * kQueryBlock];
+  CausalMask() {
+    for (int i = 0; i < 2 * kQueryBlock; ++i) values[i] = i < kQueryBlock ? 0.0f : -INFINITY;
+  }
+};
+const CausalMask kCausalMask;
+
+// The tile's columns [i0, keys) are the diagonal block: adds -inf above the
+// diagonal (key j > query i0 + r).
 LATTICE_SIMD_CLONES
-void softmax_rows(float* S, float* lse, float* inv_l, int rows, int keys, int i0) {
+void mask_future(float* S, int rows, int keys, int i0) {
+  const int width = keys - i0;
+  for (int r = 0; r < rows; ++r) {
+    float* s = S + static_cast<int64_t>(r) * keys + i0;
+    const float* mask = kCausalMask.values + (kQueryBlock - 1 - r);
+    for (int c = 0; c < width; ++c) s[c] += mask[c];
+  }
+}
+
+// Row r of the [rows, keys] tile S (future keys already -inf). Replaces S by
+// the unnormalised E = exp(S - m) and writes inv_l = 1/l and lse = m + log l
+// per row; the 1/l is applied to the hs-wide output rows after the PV product
+// instead of to the keys-wide tile.
+LATTICE_SIMD_CLONES
+void softmax_rows(float* S, float* lse, float* inv_l, int rows, int keys) {
   for (int r = 0; r < rows; ++r) {
     float* s = S + static_cast<int64_t>(r) * keys;
-    const int visible = i0 + r + 1;
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
-    for (int j = 0; j < keys; ++j) {
-      const float v = j < visible ? s[j] : -INFINITY;
-      m = v > m ? v : m;
-    }
+    for (int j = 0; j < keys; ++j) m = s[j] > m ? s[j] : m;
     float l = 0.0f;
 #pragma omp simd reduction(+ : l)
     for (int j = 0; j < keys; ++j) {
-      const float p = j < visible ? cpu::exp_approx(s[j] - m) : 0.0f;
-      s[j] = p;
-      l += p;
+      const float e = cpu::exp_approx(s[j] - m);  // exp(-inf) = 0
+      s[j] = e;
+      l += e;
     }
     inv_l[r] = 1.0f / l;
     lse[r] = m + std::log(l);
@@ -94,17 +113,15 @@ void scale_rows(float* out, const float* inv_l, int rows, int hs, int64_t ld) {
   }
 }
 
-// S ← P = exp(S - lse_i) (future keys → 0); dP ← dS = P ⊙ (dP - D_i).
+// S (future keys already -inf) ← P = exp(S - lse_i); dP ← dS = P ⊙ (dP - D_i).
 LATTICE_SIMD_CLONES
-void recompute_p_and_ds(float* S, float* dP, const float* lse, const float* D, int rows, int keys, int i0) {
+void recompute_p_and_ds(float* S, float* dP, const float* lse, const float* D, int rows, int keys) {
   for (int r = 0; r < rows; ++r) {
     float* s = S + static_cast<int64_t>(r) * keys;
     float* dp = dP + static_cast<int64_t>(r) * keys;
-    const int visible = i0 + r + 1;
     const float l = lse[r], d = D[r];
-#pragma omp simd
     for (int j = 0; j < keys; ++j) {
-      const float p = j < visible ? cpu::exp_approx(s[j] - l) : 0.0f;
+      const float p = cpu::exp_approx(s[j] - l);
       s[j] = p;
       dp[j] = p * (dp[j] - d);
     }
@@ -163,7 +180,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
     float* inv_l = S + tile;
     float* o = out + (b * T + i0) * C + h * hs;
     small_gemm(false, true, rows, keys, hs, scale, q, ld_qkv, k, ld_qkv, 0.0f, S, keys);
-    softmax_rows(S, lse + bh * T + i0, inv_l, rows, keys, i0);
+    mask_future(S, rows, keys, i0);
+    softmax_rows(S, lse + bh * T + i0, inv_l, rows, keys);
     small_gemm(false, false, rows, hs, keys, 1.0f, S, keys, v, ld_qkv, 0.0f, o, C);
     scale_rows(o, inv_l, rows, hs, C);
   }
@@ -204,7 +222,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       const float* dy_blk = dy + static_cast<int64_t>(i0) * C;
       small_gemm(false, true, rows, keys, hs, scale, q_blk, ld_qkv, k, ld_qkv, 0.0f, P, keys);
       small_gemm(false, true, rows, keys, hs, 1.0f, dy_blk, C, v, ld_qkv, 0.0f, dP, keys);
-      recompute_p_and_ds(P, dP, lse_bh + i0, D + i0, rows, keys, i0);
+      mask_future(P, rows, keys, i0);
+      recompute_p_and_ds(P, dP, lse_bh + i0, D + i0, rows, keys);
       small_gemm(true, false, keys, hs, rows, 1.0f, P, keys, dy_blk, C, 1.0f, dv, ld_qkv);
       small_gemm(false, false, rows, hs, keys, scale, dP, keys, k, ld_qkv, 0.0f, dq + i0 * ld_qkv, ld_qkv);
       small_gemm(true, false, keys, hs, rows, scale, dP, keys, q_blk, ld_qkv, 1.0f, dk, ld_qkv);
