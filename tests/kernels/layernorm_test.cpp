@@ -42,11 +42,9 @@ TEST(LayerNorm, ForwardMatchesReference) {
   layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
   const auto ref = reference_forward(to_double(x), to_double(w), to_double(b), N, C);
   test::expect_close(mean, ref.mean, 1e-5, 1e-6, "mean");
-  test::expect_close(rstd, ref.rstd, 0.0, 1e-3, "rstd");  // rows at 1000: x itself carries 3e-5 rounding
-  test::expect_close(out, ref.out, 1e-3, 1e-3, "out");
-  // Away from the offset rows the match is at f32 precision.
-  test::expect_close(rstd.data() + 4, ref.rstd.data() + 4, N - 4, 0.0, 2e-6, "rstd (ordinary rows)");
-  test::expect_close(out.data() + 4 * C, ref.out.data() + 4 * C, (N - 4) * C, 1e-5, 1e-5, "out (ordinary rows)");
+  // Thanks to the shifted sums the far-from-zero rows are as accurate as the others.
+  test::expect_close(rstd, ref.rstd, 0.0, 1e-5, "rstd");
+  test::expect_close(out, ref.out, 2e-5, 2e-5, "out");
 }
 
 TEST(LayerNorm, BackwardMatchesFiniteDifferencesAndReference) {

@@ -3,7 +3,9 @@
 //   x̂_ic = (x_ic - mean_i)·rstd_i ; out_ic = x̂_ic·w_c + b_c
 // The variance is the two-pass form (sum of squared deviations from the mean
 // already computed), which has no cancellation when |mean| ≫ std, unlike
-// E[x²] - E[x]²; the row is in L1 for the second pass.
+// E[x²] - E[x]²; the row is in L1 for the second pass. The backward uses the
+// stored (float) mean, so for rows with |mean| ≫ std its x̂ carries the
+// rounding of the mean (relative ~ulp(mean)/std), as in PyTorch and llm.c.
 //
 // Backward, with g = dout ⊙ w:
 //   dx_ic  = rstd_i · (g_ic - mean_c(g_i) - x̂_ic · mean_c(g_i ⊙ x̂_i))
@@ -22,25 +24,30 @@ constexpr float kEps = 1e-5f;
 constexpr int64_t kRowBlock = 16;        // rows per OpenMP task (forward, input grad)
 constexpr int64_t kColumnBlock = 128;    // columns per OpenMP task (weight grads)
 
+// The sums run on x - x_0 (the row's first element, a shift): for a row far
+// from zero (mean ≫ std) the differences are exact and small, so the mean and
+// the deviations keep full precision, where a plain float Σx would lose the
+// digits of the mean that the deviations are made of.
 LATTICE_SIMD_CLONES
 void forward_rows(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                   int64_t row_begin, int64_t row_end, int C) {
   for (int64_t i = row_begin; i < row_end; ++i) {
     const float* x = inp + i * C;
+    const float shift = x[0];
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int c = 0; c < C; ++c) sum += x[c];
-    const float m = sum / C;
+    for (int c = 0; c < C; ++c) sum += x[c] - shift;
+    const float delta = sum / C;  // mean - shift
     float sq = 0.0f;
 #pragma omp simd reduction(+ : sq)
     for (int c = 0; c < C; ++c) {
-      const float d = x[c] - m;
+      const float d = (x[c] - shift) - delta;
       sq += d * d;
     }
     const float s = 1.0f / std::sqrt(sq / C + kEps);
     float* o = out + i * C;
-    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
-    mean[i] = m;
+    for (int c = 0; c < C; ++c) o[c] = ((x[c] - shift) - delta) * s * weight[c] + bias[c];
+    mean[i] = shift + delta;
     rstd[i] = s;
   }
 }
