@@ -155,6 +155,7 @@ def main():
         "model_flops_per_sec": flops_per_token * tokens_per_sec,
         "step_ms_median": statistics.median(times) * 1e3,
         "step_ms_min": min(times) * 1e3,
+        "tokens_per_sec_best": args.batch * args.seq / min(times),  # fastest step: least disturbed by other load
         "flops_per_token": flops_per_token,
         "n_params": n_params,
         "n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd, "vocab_size": args.vocab,
