@@ -19,6 +19,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -53,6 +54,8 @@ const char* kHelp =
     "                     widening MPI operation on both sides\n"
     "  --rounds R         timed rounds per size and side, alternating ABBA (default 21)\n"
     "  --iters K          calls per round (default: 1 MiB / size, between 1 and 100)\n"
+    "  --no-watchdog      pause the watchdog thread during lattice's rounds too (it is\n"
+    "                     always paused during raw MPI's): isolates the watchdog's cost\n"
     "\n"
     "A round is K calls of one side after a barrier, timed on the slowest rank; rounds of\n"
     "lattice and raw MPI alternate (ABBA). The table shows each side's fastest round (the\n"
@@ -108,6 +111,7 @@ struct Options {
   DType dtype = DType::F32;
   int rounds = 21;
   int iters = 0;  // 0: from the size
+  bool watchdog_during_lattice = true;
 };
 
 Options parse(const std::vector<std::string>& args, bool* help) {
@@ -131,6 +135,8 @@ Options parse(const std::vector<std::string>& args, bool* help) {
     } else if (a == "--iters") {
       o.iters = static_cast<int>(parse_int_flag(a, flag_value(args, i++)));
       LATTICE_CHECK(o.iters >= 1, "--iters " << o.iters << " must be at least 1");
+    } else if (a == "--no-watchdog") {
+      o.watchdog_during_lattice = false;
     } else if (a == "--ops") {
       o.ops.clear();
       std::stringstream list(flag_value(args, i++));
@@ -266,6 +272,8 @@ class CommBench {
       for (int k = 0; k < 2; k++) {
         bool lattice_turn = (round + k) % 2 == 0;
         if (lattice_turn) {
+          std::optional<comm::WatchdogPause> pause;
+          if (!o_.watchdog_during_lattice) pause.emplace();
           out.ours.push_back(time_round(lattice_fn, iters));
         } else {
           comm::WatchdogPause pause;  // raw MPI runs with lattice's watchdog thread idle
@@ -333,6 +341,7 @@ int run_bench_comm(const std::vector<std::string>& args) {
     std::printf("# algbw = size / time, busbw = algbw * factor (GB/s = 1e9 B/s)\n");
     std::printf("# ratio = lattice busbw / raw busbw (1.000: no overhead), of the fastest and of the median rounds\n");
     std::printf("# load average at start: %s\n", load_average().c_str());
+    if (!o.watchdog_during_lattice) std::printf("# --no-watchdog: watchdog paused for lattice's rounds too\n");
   }
 
   std::vector<size_t> sizes;
