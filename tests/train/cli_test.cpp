@@ -14,8 +14,8 @@ struct Result {
   std::string output;  // stdout and stderr together
 };
 
-static Result run(const std::string& args) {
-  std::string cmd = std::string(LATTICE_BIN) + " " + args + " 2>&1";
+// Runs a shell command, capturing its output and exit code.
+static Result capture(const std::string& cmd) {
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -24,6 +24,8 @@ static Result run(const std::string& args) {
   int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
+
+static Result run(const std::string& args) { return capture(std::string(LATTICE_BIN) + " " + args + " 2>&1"); }
 
 static const std::string kTiny =
     "--set model.n_layer=1 --set model.n_head=2 --set model.n_embd=16 --set model.vocab_size=64 "
@@ -95,13 +97,8 @@ TEST(Cli, InterruptSavesACheckpoint) {
                     " > " + (dir / "out.txt").string() + " 2>&1 & pid=$!; " +
                     "for i in $(seq 1 200); do grep -q 'step' " + (dir / "out.txt").string() +
                     " 2>/dev/null && break; sleep 0.05; done; kill -TERM $pid; wait $pid; echo exit=$? )";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[1024];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
-  EXPECT_NE(out.find("exit=130"), std::string::npos) << out;
+  Result r = capture(cmd);
+  EXPECT_NE(r.output.find("exit=130"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(dir / "run" / "latest"));
 }
 
@@ -112,14 +109,7 @@ TEST(Cli, MultiRankRefusalsReachEveryRank) {
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
   auto mpirun = [](const std::string& args) {
-    std::string cmd = std::string(LATTICE_MPIEXEC) + " -n 2 --oversubscribe " + LATTICE_BIN + " " + args + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    int status = pclose(p);
-    return Result{WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+    return capture(std::string(LATTICE_MPIEXEC) + " -n 2 --oversubscribe " + LATTICE_BIN + " " + args + " 2>&1");
   };
   Result r = mpirun("train " + kTiny + "--set parallel.dp=3");
   EXPECT_NE(r.code, 0);

@@ -103,13 +103,7 @@ std::unique_ptr<model::GPT> load_model_for_inference(const std::string& path, in
     io::verify_checkpoint(step_dir);
     io::JsonValue meta = io::read_checkpoint_meta(step_dir);
     io::RunConfig cfg = io::parse_config_text(meta.at("config").as_string(), step_dir + "/meta.json config", {});
-    model::ModelConfig mc;
-    mc.n_layer = cfg.model.n_layer;
-    mc.n_head = cfg.model.n_head;
-    mc.n_embd = cfg.model.n_embd;
-    mc.vocab_size = cfg.model.vocab_size;
-    mc.seq_len = cfg.model.seq_len;
-    auto gpt = std::make_unique<model::GPT>(mc, 0);
+    auto gpt = std::make_unique<model::GPT>(model_config_of(cfg.model), 0);
     load_model_safetensors(*gpt, params_of(*gpt), (fs::path(step_dir) / "model.safetensors").string());
     return gpt;
   }

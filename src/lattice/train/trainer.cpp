@@ -46,16 +46,6 @@ class StopSignalScope {
   void (*old_term_)(int);
 };
 
-model::ModelConfig model_config_of(const io::RunConfig& c) {
-  model::ModelConfig m;
-  m.n_layer = c.model.n_layer;
-  m.n_head = c.model.n_head;
-  m.n_embd = c.model.n_embd;
-  m.vocab_size = c.model.vocab_size;
-  m.seq_len = c.model.seq_len;
-  return m;
-}
-
 std::string human_count(double x) {
   char buf[32];
   if (x >= 1e9)
@@ -71,6 +61,16 @@ std::string human_count(double x) {
 
 }  // namespace
 
+model::ModelConfig model_config_of(const io::ModelSection& m) {
+  model::ModelConfig c;
+  c.n_layer = m.n_layer;
+  c.n_head = m.n_head;
+  c.n_embd = m.n_embd;
+  c.vocab_size = m.vocab_size;
+  c.seq_len = m.seq_len;
+  return c;
+}
+
 double peak_gflops_per_core() {
   if (const char* env = std::getenv("LATTICE_PEAK_GFLOPS_PER_CORE")) {
     char* end = nullptr;
@@ -83,7 +83,7 @@ double peak_gflops_per_core() {
 }
 
 Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
-    : config_(config), options_(options), model_config_(model_config_of(config)) {
+    : config_(config), options_(options), model_config_(model_config_of(config.model)) {
   io::validate_config(config_);
   model_config_.validate();
   is_root_ = comm::world_rank() == 0;

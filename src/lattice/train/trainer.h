@@ -83,6 +83,9 @@ class Trainer {
   bool is_root_ = true;
 };
 
+// The model's shape from the [model] section.
+model::ModelConfig model_config_of(const io::ModelSection& model);
+
 // Model FLOPs per second of one core at fp32 that MFU divides by: the
 // environment variable LATTICE_PEAK_GFLOPS_PER_CORE, else 175 (measured on the
 // project's reference CPU: 2 AVX-512 FMA units at 2.8 GHz ≈ 179 GFLOP/s
