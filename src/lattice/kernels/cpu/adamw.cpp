@@ -32,7 +32,7 @@ void adamw_range(float* param, const float* grad, float* m, float* v, int64_t be
     const float vi = k.beta2 * v[i] + k.one_minus_beta2 * g * g;
     m[i] = mi;
     v[i] = vi;
-    const float denom = std::sqrt(vi) / k.sqrt_bc2 + k.eps;
+    const float denom = cpu::sqrt_approx(vi) / k.sqrt_bc2 + k.eps;  // (vectorises; std::sqrt does not)
     param[i] = param[i] * k.decay - k.step_size * (mi / denom);
   }
 }
