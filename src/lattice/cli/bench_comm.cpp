@@ -9,8 +9,10 @@
 // with the bus-bandwidth factors of nccl-tests: all_reduce 2(n-1)/n,
 // reduce_scatter / all_gather / all_to_all (n-1)/n, send_recv and broadcast 1.
 // busbw is comparable across rank counts: it is the per-link rate a
-// bandwidth-optimal algorithm achieves. The last column is lattice's busbw
-// over raw MPI's, i.e. our overhead as a ratio.
+// bandwidth-optimal algorithm achieves. "ratio" is lattice's busbw over raw
+// MPI's, i.e. our overhead as a ratio. A second, independent series of raw MPI
+// rounds interleaved with the other two gives "A/A", raw over raw: the spread
+// the machine's noise alone produces, measured under the same load.
 #include <mpi.h>
 
 #include <algorithm>
@@ -52,15 +54,16 @@ const char* kHelp =
     "                     five; iall_reduce is the non-blocking form, raw side MPI_Iallreduce)\n"
     "  --dtype T          f32 (default), bf16 or f16; bf16/f16 reductions use lattice's\n"
     "                     widening MPI operation on both sides\n"
-    "  --rounds R         timed rounds per size and side, alternating ABBA (default 21)\n"
+    "  --rounds R         timed rounds per size and series (default 21)\n"
     "  --iters K          calls per round (default: 1 MiB / size, between 1 and 100)\n"
     "  --no-watchdog      pause the watchdog thread during lattice's rounds too (it is\n"
     "                     always paused during raw MPI's): isolates the watchdog's cost\n"
     "\n"
-    "A round is K calls of one side after a barrier, timed on the slowest rank; rounds of\n"
-    "lattice and raw MPI alternate (ABBA). The table shows each side's fastest round (the\n"
-    "figure least disturbed by other load); the ratios are lattice busbw / raw busbw from\n"
-    "the fastest and from the median rounds.\n";
+    "A round is K calls of one series after a barrier, timed on the slowest rank. Three\n"
+    "series are interleaved, in rotating order: lattice, raw MPI, and raw MPI again. The\n"
+    "table shows each series' fastest round (the figure least disturbed by other load);\n"
+    "ratio = lattice busbw / raw busbw, A/A = second raw series / raw: the spread that\n"
+    "noise alone produces on this machine at this moment.\n";
 
 enum class Op { AllReduce, ReduceScatter, AllGather, AllToAll, SendRecv, Broadcast, IAllReduce };
 
@@ -159,20 +162,11 @@ Options parse(const std::vector<std::string>& args, bool* help) {
   return o;
 }
 
-// Per-call seconds of each round (a round: `iters` calls of one side after a
-// barrier, timed on the slowest rank). Rounds of lattice and raw MPI
-// alternate, ABBA, so a change in machine load hits both sides alike.
+// Per-call seconds of each round of the three series (a round: `iters` calls
+// after a barrier, timed on the slowest rank).
 struct Rounds {
-  std::vector<double> ours, raw;
-  static double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    size_t m = v.size() / 2;
-    return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-  }
-  double median_ours() const { return median(ours); }
-  double median_raw() const { return median(raw); }
-  double best_ours() const { return *std::min_element(ours.begin(), ours.end()); }
-  double best_raw() const { return *std::min_element(raw.begin(), raw.end()); }
+  std::vector<double> ours, raw, control;
+  static double best(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 };
 
 class CommBench {
@@ -268,16 +262,16 @@ class CommBench {
       raw_fn();
     }
     for (int round = 0; round < o_.rounds; round++) {
-      // Alternate who goes first, so a drift in machine load hits both sides.
-      for (int k = 0; k < 2; k++) {
-        bool lattice_turn = (round + k) % 2 == 0;
-        if (lattice_turn) {
+      // Rotate the order, so a drift in machine load hits every series alike.
+      for (int k = 0; k < 3; k++) {
+        int series = (round + k) % 3;
+        if (series == 0) {
           std::optional<comm::WatchdogPause> pause;
           if (!o_.watchdog_during_lattice) pause.emplace();
           out.ours.push_back(time_round(lattice_fn, iters));
         } else {
           comm::WatchdogPause pause;  // raw MPI runs with lattice's watchdog thread idle
-          out.raw.push_back(time_round(raw_fn, iters));
+          (series == 1 ? out.raw : out.control).push_back(time_round(raw_fn, iters));
         }
       }
     }
@@ -335,11 +329,11 @@ int run_bench_comm(const std::vector<std::string>& args) {
   lib = lib.substr(0, lib.find_first_of(",\n"));
   if (root) {
     std::printf("# lattice bench comm: %d rank%s, %s, %s\n", n, n == 1 ? "" : "s", dtype_name(o.dtype), lib.c_str());
-    std::printf("# %d rounds per side and size, lattice and raw MPI alternating (ABBA); a round is `iters`\n",
+    std::printf("# %d rounds per size of each series, interleaved: lattice, raw MPI, raw MPI again (A/A);\n",
                 o.rounds);
-    std::printf("# calls after a barrier, timed on its slowest rank. time = fastest round, per call;\n");
-    std::printf("# algbw = size / time, busbw = algbw * factor (GB/s = 1e9 B/s)\n");
-    std::printf("# ratio = lattice busbw / raw busbw (1.000: no overhead), of the fastest and of the median rounds\n");
+    std::printf("# a round is `iters` calls after a barrier, timed on its slowest rank. time = fastest round,\n");
+    std::printf("# per call; algbw = size / time, busbw = algbw * factor (GB/s = 1e9 B/s)\n");
+    std::printf("# ratio = lattice busbw / raw busbw (1.000: no overhead); A/A = raw again / raw (noise alone)\n");
     std::printf("# load average at start: %s\n", load_average().c_str());
     if (!o.watchdog_during_lattice) std::printf("# --no-watchdog: watchdog paused for lattice's rounds too\n");
   }
@@ -350,9 +344,9 @@ int run_bench_comm(const std::vector<std::string>& args) {
 
   struct Summary {
     const char* name;
-    double log_ratio_sum = 0, log_median_sum = 0;
+    double log_ratio_sum = 0, log_control_sum = 0;
     int count = 0;
-    double worst = 1e30;
+    double lo = 1e30, hi = 0, lo_control = 1e30, hi_control = 0;
   };
   std::vector<Summary> summaries;
 
@@ -364,26 +358,30 @@ int run_bench_comm(const std::vector<std::string>& args) {
     if (root) {
       std::printf("\n# %s (busbw factor %s = %.3f)\n", info->name, info->factor_text, factor);
       std::printf("# %10s %10s %6s | %11s %8s %8s | %11s %8s %8s | %6s %6s\n", "size", "count", "iters", "lattice us",
-                  "algbw", "busbw", "raw us", "algbw", "busbw", "best", "median");
+                  "algbw", "busbw", "raw us", "algbw", "busbw", "ratio", "A/A");
     }
     Summary summary{info->name};
     for (size_t size : sizes) {
       size_t moved = bench.moved_bytes(op, size);
       int iters = o.iters ? o.iters : static_cast<int>(std::clamp<size_t>((1u << 20) / moved, 1, 100));
       Rounds rounds = bench.measure(op, size, iters);
-      double alg_ours = moved / rounds.best_ours() / 1e9, alg_raw = moved / rounds.best_raw() / 1e9;
-      double ratio = alg_ours / alg_raw, median = rounds.median_raw() / rounds.median_ours();
+      double best_ours = Rounds::best(rounds.ours), best_raw = Rounds::best(rounds.raw);
+      double alg_ours = moved / best_ours / 1e9, alg_raw = moved / best_raw / 1e9;
+      double ratio = best_raw / best_ours, control = best_raw / Rounds::best(rounds.control);
       if (moved >= (1u << 20)) {
         summary.log_ratio_sum += std::log(ratio);
-        summary.log_median_sum += std::log(median);
+        summary.log_control_sum += std::log(control);
+        summary.lo_control = std::min(summary.lo_control, control);
+        summary.hi_control = std::max(summary.hi_control, control);
         summary.count++;
-        summary.worst = std::min(summary.worst, ratio);
+        summary.lo = std::min(summary.lo, ratio);
+        summary.hi = std::max(summary.hi, ratio);
       }
       if (root)
         std::printf("  %10s %10zu %6d | %11.1f %8.3f %8.3f | %11.1f %8.3f %8.3f | %6.3f %6.3f\n",
                     human_size(moved).c_str(),
-                    bench.block_count(op, size), iters, rounds.best_ours() * 1e6, alg_ours, alg_ours * factor,
-                    rounds.best_raw() * 1e6, alg_raw, alg_raw * factor, ratio, median);
+                    bench.block_count(op, size), iters, best_ours * 1e6, alg_ours, alg_ours * factor, best_raw * 1e6,
+                    alg_raw, alg_raw * factor, ratio, control);
       std::fflush(stdout);
     }
     summaries.push_back(summary);
@@ -391,11 +389,12 @@ int run_bench_comm(const std::vector<std::string>& args) {
 
   if (root) {
     std::printf("\n# sizes >= 1 MiB: lattice busbw / raw MPI busbw\n");
-    std::printf("# %-16s %12s %12s %14s\n", "operation", "best geomean", "best worst", "median geomean");
+    std::printf("# %-16s %14s %14s %14s %14s\n", "operation", "ratio geomean", "ratio min-max", "A/A geomean",
+                "A/A min-max");
     for (const Summary& s : summaries) {
       if (s.count == 0) continue;
-      std::printf("  %-16s %12.3f %12.3f %14.3f\n", s.name, std::exp(s.log_ratio_sum / s.count), s.worst,
-                  std::exp(s.log_median_sum / s.count));
+      std::printf("  %-16s %14.3f %8.3f-%5.3f %14.3f %8.3f-%5.3f\n", s.name, std::exp(s.log_ratio_sum / s.count), s.lo,
+                  s.hi, std::exp(s.log_control_sum / s.count), s.lo_control, s.hi_control);
     }
     std::printf("# load average at end: %s\n", load_average().c_str());
   }
