@@ -142,6 +142,7 @@ GPT::GPT(const ModelConfig& config, uint64_t seed) : config_(config) {
     p.full_shape = std::move(shape);
     p.init = {InitSpec::Normal, std};
     p.weight_decay = true;
+    p.hf_conv1d = p.name.rfind("h.", 0) == 0;  // every block weight is a Conv1D in HF GPT-2
     return p;
   };
   auto constant = [](const std::string& name, int64_t n, float value) {

@@ -50,6 +50,9 @@ struct ParamInfo {
   // Rows of the full tensor that are real; rows past it are padding kept at
   // zero (the vocabulary padding of wte). -1: all rows are real.
   int64_t real_rows = -1;
+  // Hugging Face stores this Linear weight as Conv1D, [in, out] — the
+  // transpose of lattice's [out, in]; checkpoints convert.
+  bool hf_conv1d = false;
   int64_t offset = 0;  // in elements, within the group's flat buffers
   int64_t numel() const {
     int64_t n = 1;
