@@ -10,6 +10,14 @@
 //   gradient accumulation over micro-batches is free; input gradients are
 //   written (=) unless the signature says otherwise.
 // Threads: OpenMP regions and the GEMM library use lattice::set_num_threads().
+// Every function may be called from several threads at once: scratch memory
+// is per calling thread (Buffers counted as MemCategory::Workspace, grown to
+// the largest shape seen and kept). Called inside an OpenMP parallel region a
+// function runs on the calling thread alone.
+// Determinism: on a given CPU every result except gemm / linear_* is bitwise
+// the same for any thread count; gemm may change by f32 reassociation when
+// the thread count changes (oneDNN splits the work differently).
+// docs/kernels.md has the algorithms, the numerics and the measurements.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +29,8 @@ namespace lattice::kernels {
 // ---- GEMM -------------------------------------------------------------------
 // C[M,N] = alpha · op(A)[M,K] · op(B)[K,N] + beta · C, row-major, with leading
 // dimensions lda/ldb/ldc (elements). A and B are f32 or bf16 (both the same),
-// C is always f32. Backed by oneDNN (see cpu/gemm.cpp for why).
+// C is always f32. With beta = 0, C is not read (it may hold NaN). Backed by
+// oneDNN (see cpu/gemm.cpp for why).
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
           const void* A, int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc,
           DType ab_type = DType::F32);
