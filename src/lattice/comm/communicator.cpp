@@ -127,8 +127,7 @@ WorkPtr Communicator::iall_reduce(void* data, size_t count, DType dtype, ReduceO
 void Communicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) {
   LATTICE_CHECK_BUFFER(send, recv_count * size(), "reduce_scatter");
   LATTICE_CHECK_BUFFER(recv, recv_count, "reduce_scatter");
-  std::vector<size_t> counts(size(), recv_count);
-  count(CommOp::ReduceScatter, reduce_scatter_bytes(counts, dtype_size(dtype), rank_));
+  count(CommOp::ReduceScatter, uint64_t{recv_count} * (size() - 1) * dtype_size(dtype));
   do_reduce_scatter(send, recv, recv_count, dtype, op);
 }
 
@@ -136,8 +135,7 @@ WorkPtr Communicator::ireduce_scatter(const void* send, void* recv, size_t recv_
                                       ReduceOp op) {
   LATTICE_CHECK_BUFFER(send, recv_count * size(), "ireduce_scatter");
   LATTICE_CHECK_BUFFER(recv, recv_count, "ireduce_scatter");
-  std::vector<size_t> counts(size(), recv_count);
-  count(CommOp::ReduceScatter, reduce_scatter_bytes(counts, dtype_size(dtype), rank_));
+  count(CommOp::ReduceScatter, uint64_t{recv_count} * (size() - 1) * dtype_size(dtype));
   return do_ireduce_scatter(send, recv, recv_count, dtype, op);
 }
 
@@ -162,16 +160,14 @@ WorkPtr Communicator::ireduce_scatter_v(const void* send, void* recv, std::span<
 void Communicator::all_gather(const void* send, void* recv, size_t send_count, DType dtype) {
   LATTICE_CHECK_BUFFER(send, send_count, "all_gather");
   LATTICE_CHECK_BUFFER(recv, send_count * size(), "all_gather");
-  std::vector<size_t> counts(size(), send_count);
-  count(CommOp::AllGather, all_gather_bytes(counts, dtype_size(dtype), rank_));
+  count(CommOp::AllGather, uint64_t{send_count} * (size() - 1) * dtype_size(dtype));
   do_all_gather(send, recv, send_count, dtype);
 }
 
 WorkPtr Communicator::iall_gather(const void* send, void* recv, size_t send_count, DType dtype) {
   LATTICE_CHECK_BUFFER(send, send_count, "iall_gather");
   LATTICE_CHECK_BUFFER(recv, send_count * size(), "iall_gather");
-  std::vector<size_t> counts(size(), send_count);
-  count(CommOp::AllGather, all_gather_bytes(counts, dtype_size(dtype), rank_));
+  count(CommOp::AllGather, uint64_t{send_count} * (size() - 1) * dtype_size(dtype));
   return do_iall_gather(send, recv, send_count, dtype);
 }
 

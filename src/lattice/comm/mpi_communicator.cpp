@@ -92,19 +92,24 @@ class MpiWork final : public Work {
 
   void wait() override {
     if (done_) return;
-    std::vector<MPI_Status> statuses(requests.size());
+    // Statuses only where a receive's count must be checked.
+    std::vector<MPI_Status> statuses(recvs.empty() ? 0 : requests.size());
     {
       WaitScope scope(info_);
-      check_mpi(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), statuses.data()), info_);
+      check_mpi(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
+                            recvs.empty() ? MPI_STATUSES_IGNORE : statuses.data()),
+                info_);
     }
     finish(statuses);
   }
 
   bool test() override {
     if (done_) return true;
-    std::vector<MPI_Status> statuses(requests.size());
+    std::vector<MPI_Status> statuses(recvs.empty() ? 0 : requests.size());
     int flag = 0;
-    check_mpi(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, statuses.data()), info_);
+    check_mpi(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag,
+                          recvs.empty() ? MPI_STATUSES_IGNORE : statuses.data()),
+              info_);
     if (flag) finish(statuses);
     return done_;
   }

@@ -47,10 +47,11 @@ struct Slot {
 struct State {
   std::mutex mu;  // guards everything below except the atomics
   std::array<Slot, kMaxSlots> slots;
-  // The last wait that finished (group copied by name: the group may be gone).
+  // The last wait that finished. Its group pointer stays valid: a group that
+  // is destroyed first copies its name to last_group and clears the pointer.
   bool has_last = false;
   WaitInfo last_info;
-  char last_group[64] = {};
+  std::string last_group;
   double last_end = 0;
   std::vector<WatchedGroup*> groups;
 
@@ -124,7 +125,8 @@ std::string doing_locked(State& st, double now) {
   }
   if (!out.empty()) return out;
   if (!st.has_last) return "not in a communication call; no communication finished yet";
-  return "not in a communication call; last finished " + describe(st.last_info, st.last_group) + " " +
+  const std::string& group = st.last_info.group ? st.last_info.group->name() : st.last_group;
+  return "not in a communication call; last finished " + describe(st.last_info, group) + " " +
          seconds(now - st.last_end) + " ago";
 }
 
@@ -330,6 +332,10 @@ WatchedGroup::~WatchedGroup() {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
   st.groups.erase(std::remove(st.groups.begin(), st.groups.end(), this), st.groups.end());
+  if (st.has_last && st.last_info.group == this) {
+    st.last_group = name_;
+    st.last_info.group = nullptr;
+  }
 }
 
 // ---- waits ----
@@ -357,8 +363,6 @@ WaitScope::~WaitScope() {
   Slot& slot = st.slots[slot_];
   st.has_last = true;
   st.last_info = slot.info;
-  std::snprintf(st.last_group, sizeof st.last_group, "%s", slot.info.group->name().c_str());
-  st.last_info.group = nullptr;
   st.last_end = end;
   slot.used = false;
 }
