@@ -31,6 +31,21 @@ TEST(VecMath, ExpWithinTwoUlpsAndSaturates) {
   EXPECT_TRUE(std::isfinite(cpu::exp_approx(1000.0f)));  // clamped, never inf
 }
 
+TEST(VecMath, ExpNonPositiveWithinTwoUlps) {
+  int64_t worst = 0;
+  float worst_x = 0;
+  for (float x = -87.0f; x <= 0.0f; x += 0.000731f) {
+    const float want = static_cast<float>(std::exp(static_cast<double>(x)));
+    const int64_t u = ulps(cpu::exp_nonpositive(x), want);
+    if (u > worst) worst = u, worst_x = x;
+  }
+  EXPECT_LE(worst, 2) << "at x=" << worst_x;
+  EXPECT_EQ(cpu::exp_nonpositive(0.0f), 1.0f);
+  EXPECT_EQ(cpu::exp_nonpositive(-88.0f), 0.0f);
+  EXPECT_EQ(cpu::exp_nonpositive(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_TRUE(std::isnan(cpu::exp_nonpositive(std::numeric_limits<float>::quiet_NaN())));
+}
+
 TEST(VecMath, SqrtWithinTwoUlps) {
   int64_t worst = 0;
   float worst_x = 0;

@@ -94,7 +94,7 @@ void softmax_rows(float* S, float* lse, float* inv_l, int rows, int keys) {
     float l = 0.0f;
 #pragma omp simd reduction(+ : l)
     for (int j = 0; j < keys; ++j) {
-      const float e = cpu::exp_approx(s[j] - m);  // exp(-inf) = 0
+      const float e = cpu::exp_nonpositive(s[j] - m);  // exp(-inf) = 0
       s[j] = e;
       l += e;
     }
@@ -121,7 +121,7 @@ void recompute_p_and_ds(float* S, float* dP, const float* lse, const float* D, i
     float* dp = dP + static_cast<int64_t>(r) * keys;
     const float l = lse[r], d = D[r];
     for (int j = 0; j < keys; ++j) {
-      const float p = cpu::exp_approx(s[j] - l);
+      const float p = cpu::exp_nonpositive(s[j] - l);
       s[j] = p;
       dp[j] = p * (dp[j] - d);
     }

@@ -37,7 +37,7 @@ float row_sum_exp(const float* z, int V, float m) {
     const int j1 = std::min(V, j0 + kSumBlock);
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-    for (int j = j0; j < j1; ++j) s += cpu::exp_approx(z[j] - m);
+    for (int j = j0; j < j1; ++j) s += cpu::exp_nonpositive(z[j] - m);
     total += s;
   }
   return static_cast<float>(total);
@@ -52,7 +52,7 @@ float row_exp_in_place(float* z, int V, float m) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int j = j0; j < j1; ++j) {
-      const float e = cpu::exp_approx(z[j] - m);
+      const float e = cpu::exp_nonpositive(z[j] - m);
       z[j] = e;
       s += e;
     }
