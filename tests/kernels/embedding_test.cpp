@@ -39,6 +39,27 @@ TEST(Embedding, ForwardAndBackwardWithRepeatedTokens) {
   test::expect_close(dwpe, ref_wpe, 2e-5, 1e-5, "dwpe twice");
 }
 
+// Σ R ⊙ out differentiated by central differences of the double forward.
+TEST(Embedding, BackwardMatchesFiniteDifferences) {
+  const int B = 2, T = 3, C = 5, V = 4;
+  auto wte = randn(V * C, 5), wpe = randn(T * C, 6), R = randn(B * T * C, 7);
+  const std::vector<int32_t> tokens = {1, 3, 1, 0, 1, 2};
+  auto wte_d = test::to_double(wte), wpe_d = test::to_double(wpe), R_d = test::to_double(R);
+  auto loss = [&] {
+    double s = 0.0;
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t)
+        for (int c = 0; c < C; ++c)
+          s += R_d[(b * T + t) * C + c] * (wte_d[tokens[b * T + t] * C + c] + wpe_d[t * C + c]);
+    return s;
+  };
+  const auto fd_wte = test::finite_difference(wte_d, loss), fd_wpe = test::finite_difference(wpe_d, loss);
+  std::vector<float> dwte(V * C, 0.0f), dwpe(T * C, 0.0f);
+  embedding_backward(dwte.data(), dwpe.data(), R.data(), tokens.data(), B, T, C);
+  test::expect_close(dwte, fd_wte, 1e-6, 1e-6, "dwte vs FD");
+  test::expect_close(dwpe, fd_wpe, 1e-6, 1e-6, "dwpe vs FD");
+}
+
 TEST(Embedding, BackwardThreadCountIndependent) {
   const int B = 4, T = 64, C = 768, V = 50;
   auto dout = randn(B * T * C, 4);
