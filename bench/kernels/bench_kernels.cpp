@@ -334,7 +334,12 @@ void register_others() {
       add(std::string("linear_fwd_bias/") + shape.name + "/matmul_fused", threads, BM_linear_bias, shape, true);
     }
     for (auto [B, T] : {std::pair{4, 256}, std::pair{4, 1024}}) {
-      const std::string shape = "B" + std::to_string(B) + "_T" + std::to_string(T) + "_C768_NH12";
+      // Built with += : GCC 12 warns (-Wrestrict, a false positive) on "literal" + std::string.
+      std::string shape = "B";
+      shape += std::to_string(B);
+      shape += "_T";
+      shape += std::to_string(T);
+      shape += "_C768_NH12";
       add("attention_fwd/" + shape, threads, BM_attention, B, T, false);
       add("attention_bwd/" + shape, threads, BM_attention, B, T, true);
     }
