@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <exception>
 #include <numeric>
 
@@ -12,34 +13,63 @@ namespace lattice::comm {
 namespace {
 
 // ---- bf16 / f16 reductions: widen to f32, combine, round back ----
+//
+// MPI calls these on chunks of the buffers; they must be fast (they are the
+// arithmetic of every bf16/f16 all-reduce) and bit-exact with core/dtype.h.
 
-template <DType kType, bool kMax>
-void half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+inline float f32_of_bits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+inline uint32_t bits_of_f32(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+
+// Same rounding as lattice::f32_to_bf16 (round to nearest even, NaN stays a
+// quiet NaN), inlined so the loop below vectorises.
+inline uint16_t bf16_round(float x) {
+  uint32_t u = bits_of_f32(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+template <bool kMax>
+inline float combine(float a, float b) {
+  if constexpr (kMax)
+    return (a > b || a != a) ? a : b;  // NaN wins, whatever the order
+  else
+    return a + b;
+}
+
+template <bool kMax>
+void bf16_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
   const uint16_t* a = static_cast<const uint16_t*>(in);
   uint16_t* b = static_cast<uint16_t*>(inout);
-  constexpr int kBlock = 512;  // small blocks: convert() stays single-threaded
-  float fa[kBlock], fb[kBlock];
-  for (int i = 0; i < *len; i += kBlock) {
-    int n = std::min(kBlock, *len - i);
-    convert(a + i, kType, fa, DType::F32, n);
-    convert(b + i, kType, fb, DType::F32, n);
-    for (int j = 0; j < n; j++) {
-      if constexpr (kMax)
-        fb[j] = (fa[j] > fb[j] || fa[j] != fa[j]) ? fa[j] : fb[j];  // NaN wins, whatever the order
-      else
-        fb[j] = fa[j] + fb[j];
-    }
-    convert(fb, DType::F32, b + i, kType, n);
+  for (int i = 0; i < *len; i++) {
+    float x = f32_of_bits(static_cast<uint32_t>(a[i]) << 16);
+    float y = f32_of_bits(static_cast<uint32_t>(b[i]) << 16);
+    b[i] = bf16_round(combine<kMax>(x, y));
   }
+}
+
+template <bool kMax>
+void f16_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; i++) b[i] = f32_to_f16(combine<kMax>(f16_to_f32(a[i]), f16_to_f32(b[i])));
 }
 
 struct HalfOps {
   MPI_Op bf16_sum, bf16_max, f16_sum, f16_max;
   HalfOps() {
-    MPI_Op_create(&half_reduce<DType::BF16, false>, 1, &bf16_sum);
-    MPI_Op_create(&half_reduce<DType::BF16, true>, 1, &bf16_max);
-    MPI_Op_create(&half_reduce<DType::F16, false>, 1, &f16_sum);
-    MPI_Op_create(&half_reduce<DType::F16, true>, 1, &f16_max);
+    MPI_Op_create(&bf16_reduce<false>, 1, &bf16_sum);
+    MPI_Op_create(&bf16_reduce<true>, 1, &bf16_max);
+    MPI_Op_create(&f16_reduce<false>, 1, &f16_sum);
+    MPI_Op_create(&f16_reduce<true>, 1, &f16_max);
   }
 };
 
