@@ -86,6 +86,25 @@ TEST(Cli, TrainPrintsOneLinePerStepAndResumes) {
   r = run("inspect " + (dir / "m.jsonl").string() + " --plot " + (dir / "plot_").string());
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(fs::exists(dir / "plot_loss.svg"));
+
+  // Sampling from the checkpoint (needs the GPT-2 tokenizer files that
+  // scripts/setup.sh fetches).
+  if (!fs::exists(fs::path(LATTICE_SOURCE_DIR) / ".cache/gpt2/encoder.json")) GTEST_SKIP() << "run scripts/setup.sh";
+  // The tiny model knows GPT-2's first 64 tokens: single ASCII characters ("A" = 32).
+  r = run("generate --checkpoint " + (dir / "run").string() + " --prompt A --max-new-tokens 5 --seed 3 --threads 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("A", 0), 0u) << r.output;
+  Result again =
+      run("generate --checkpoint " + (dir / "run").string() + " --prompt A --max-new-tokens 5 --seed 3 --threads 1");
+  EXPECT_EQ(r.output, again.output);  // same seed, same text
+  r = run("generate --checkpoint " + (dir / "run").string() + " --prompt x --temperature -1");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("--temperature must be >= 0, got -1"), std::string::npos) << r.output;
+  r = run("generate --checkpoint " + (dir / "run").string() + " --prompt ' the'");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("the prompt's token 262 (' the') is outside this model's vocabulary of 64 tokens"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(Cli, InterruptSavesACheckpoint) {

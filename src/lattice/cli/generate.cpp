@@ -103,8 +103,15 @@ static int run_generate(const std::vector<std::string>& args) {
                                                                               << tok.vocab_size() << ")");
   std::vector<int32_t> context;
   if (have_prompt && !prompt.empty()) {
-    for (int id : tok.encode(prompt)) context.push_back(id);
+    for (int id : tok.encode(prompt)) {
+      LATTICE_CHECK(id < mc.vocab_size, "the prompt's token " << id << " ('" << tok.decode_token(id)
+                                                              << "') is outside this model's vocabulary of "
+                                                              << mc.vocab_size << " tokens");
+      context.push_back(id);
+    }
   } else {
+    LATTICE_CHECK(tok.eot() < mc.vocab_size, "this model's vocabulary (" << mc.vocab_size
+                                                                         << ") has no <|endoftext|>: give a --prompt");
     context.push_back(tok.eot());
   }
   std::printf("%s", have_prompt ? prompt.c_str() : "");
