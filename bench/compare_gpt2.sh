@@ -16,8 +16,8 @@
 # OPENBLAS_CORETYPE=SkylakeX etc.; see its docstring).
 # lattice side: $LATTICE_BIN (default build/lattice) bench train --set ... --json,
 # which prints one JSON line {"impl":"lattice","tokens_per_sec","step_ms","model_flops_per_sec",...}.
-# Both count model FLOPs per token as 6*N + 12*L*C*T (N = all parameters, tied
-# embedding once); % of peak uses 175 GFLOP/s per core (measured fp32 GEMM peak
+# Both count model FLOPs per token as 6*N + 12*L*C*T (N = all parameters but
+# the position embedding, tied embedding once); % of peak uses 175 GFLOP/s per core (measured fp32 GEMM peak
 # of this machine) times the thread count.
 set -euo pipefail
 

@@ -13,7 +13,9 @@ tokens_per_sec = B*T / mean step time.
 
 Model FLOPs per token (nanoGPT / PaLM convention, no causal discount):
     flops_per_token = 6*N + 12*n_layer*n_embd*seq
-  N = all parameters, the tied embedding counted once (wte + wpe + blocks + ln_f).
+  N = all parameters except the position embedding (a lookup, not a product),
+  the tied wte counted once (it is the LM head's weight): wte + blocks + ln_f.
+  The same formula as lattice's ModelConfig::flops_per_token.
   6N: 2 FLOPs per multiply-add, x3 for forward + backward (dX and dW).
   12*L*C*T: attention scores Q K^T and the weighted sum P V, each 2*T*C FLOPs
   per token forward, x3 for forward + backward.
@@ -144,7 +146,7 @@ def main():
         if i >= args.warmup:
             times.append(dt)
 
-    n_params = ref.count_params(model)
+    n_params = ref.count_params(model) - model.wpe.weight.numel()
     flops_per_token = 6 * n_params + 12 * args.n_layer * args.n_embd * args.seq
     step_s = statistics.mean(times)
     tokens_per_sec = args.batch * args.seq / step_s
