@@ -334,3 +334,32 @@ TEST(GPT, LearnsArithmeticSequences) {
   EXPECT_GT(first, 2.0f);
   EXPECT_LT(last, 0.25f);
 }
+
+// Evaluation between training steps borrows the training slot's memory; while
+// a micro-batch is in flight it uses a slot of its own and leaves it intact.
+TEST(GPT, EvaluationReusesTheIdleTrainingSlot) {
+  ModelConfig c = tiny_config();
+  GPT gpt(c, 2);
+  auto in = random_tokens(16, c.vocab_size, 1), tg = random_tokens(16, c.vocab_size, 2);
+  gpt.forward(0, in.data(), tg.data(), 2, 8, 1.0f);
+  gpt.backward(0);
+  auto& mem = MemoryTracker::instance();
+  const size_t before = mem.current(MemCategory::Activations);
+  const float idle = gpt.evaluate(in.data(), tg.data(), 2, 8);
+  EXPECT_EQ(mem.current(MemCategory::Activations), before);
+  // In flight: evaluation must not clobber slot 0's activations.
+  gpt.zero_grad();
+  float loss = gpt.forward(0, in.data(), tg.data(), 2, 8, 1.0f);
+  EXPECT_EQ(gpt.evaluate(in.data(), tg.data(), 2, 8), idle);
+  gpt.backward(0);
+  auto grads_after_eval = grads_of(gpt);
+  GPT fresh(c, 2);
+  fresh.forward(0, in.data(), tg.data(), 2, 8, 1.0f);
+  fresh.backward(0);
+  fresh.zero_grad();
+  EXPECT_EQ(fresh.forward(0, in.data(), tg.data(), 2, 8, 1.0f), loss);
+  fresh.backward(0);
+  auto want = grads_of(fresh);
+  for (size_t g = 0; g < want.size(); g++)
+    ASSERT_EQ(0, std::memcmp(want[g].data(), grads_after_eval[g].data(), want[g].size() * 4)) << g;
+}

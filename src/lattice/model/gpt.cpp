@@ -295,8 +295,15 @@ float GPT::forward(int slot_index, const int32_t* inputs, const int32_t* targets
   return mean_of(s.losses, N);
 }
 
+Slot& GPT::inference_slot(int B, int T) {
+  // Between training steps slot 0 holds nothing: evaluation borrows its
+  // memory instead of keeping a second set of activations alive.
+  if (!slots_.empty() && slots_[0] && !slots_[0]->has_forward) return slot(0, B, T);
+  return slot(-1, B, T);
+}
+
 float GPT::evaluate(const int32_t* inputs, const int32_t* targets, int B, int T) {
-  Slot& s = slot(-1, B, T);
+  Slot& s = inference_slot(B, T);
   forward_body(s, inputs);
   const int64_t N = static_cast<int64_t>(B) * T;
   const int C = config_.n_embd, V = config_.vocab_size, Vp = config_.padded_vocab();
@@ -310,7 +317,7 @@ float GPT::evaluate(const int32_t* inputs, const int32_t* targets, int B, int T)
 }
 
 const float* GPT::last_logits(const int32_t* inputs, int B, int T) {
-  Slot& s = slot(-1, B, T);
+  Slot& s = inference_slot(B, T);
   forward_body(s, inputs);
   const int C = config_.n_embd, Vp = config_.padded_vocab();
   // Only the last position of each row: lnf rows (b, T-1), stride T·C.

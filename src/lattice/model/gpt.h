@@ -74,6 +74,8 @@ class GPT {
 
  private:
   Slot& slot(int index, int B, int T);
+  // Slot 0 when no micro-batch is in flight there, else a separate one.
+  Slot& inference_slot(int B, int T);
   // The forward through the blocks and the final LayerNorm into s.
   void forward_body(Slot& s, const int32_t* inputs);
   void layer_backward_input(Slot& s, int l);
