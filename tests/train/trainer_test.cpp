@@ -273,3 +273,31 @@ TEST(Trainer, CheckpointLoadsInPyTorchWithTheSameLoss) {
                     " --batch 3 --seq 16 --expect " + expect + " --rtol 1e-5";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 }
+
+// A resumed run continues the metrics file from the checkpoint's step: lines
+// logged past it by the interrupted run are dropped, so every step appears once.
+TEST(Trainer, ResumeKeepsOneMetricsLinePerStep) {
+  fs::path dir = scratch("metrics_resume");
+  io::RunConfig cfg = tiny_run();
+  cfg.train.steps = 8;
+  cfg.checkpoint.dir = (dir / "run").string();
+  cfg.log.metrics_file = (dir / "m.jsonl").string();
+  {
+    train::Trainer t(cfg, {false});
+    for (int i = 0; i < 3; i++) t.train_step();
+    t.save_checkpoint();
+  }
+  // The interrupted run had logged steps 1..5 before dying mid-line.
+  {
+    std::ofstream f(cfg.log.metrics_file);
+    for (int s = 1; s <= 5; s++) f << "{\"step\": " << s << ", \"loss\": 1.0}\n";
+    f << "{\"step\": 6, \"lo";
+  }
+  io::RunConfig resume = cfg;
+  resume.checkpoint.resume = "latest";
+  train::Trainer b(resume, {false});
+  ASSERT_EQ(b.run(), 0);
+  io::MetricsColumns m = io::read_metrics_jsonl(cfg.log.metrics_file);
+  ASSERT_EQ(m.rows, 8u);
+  for (size_t i = 0; i < 8; i++) EXPECT_EQ(m.column("step")[i], static_cast<double>(i + 1));
+}

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "lattice/comm/process_mesh.h"
 #include "lattice/comm/runtime.h"
@@ -14,6 +15,8 @@
 #include "lattice/core/threads.h"
 #include "lattice/core/timer.h"
 #include "lattice/io/checkpoint.h"
+#include "lattice/io/file_util.h"
+#include "lattice/io/json.h"
 #include "lattice/io/metrics.h"
 #include "lattice/io/safetensors.h"
 #include "lattice/train/model_io.h"
@@ -129,16 +132,45 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   inputs_.resize(static_cast<size_t>(B) * T);
   targets_.resize(static_cast<size_t>(B) * T);
 
-  if (!config_.log.metrics_file.empty() && is_root_) {
-    // A fresh run starts the file anew; a resumed one continues it.
-    metrics_ = std::make_unique<io::MetricsWriter>(config_.log.metrics_file, config_.checkpoint.resume.empty());
-  }
   if (!config_.checkpoint.resume.empty()) {
     LATTICE_CHECK(!config_.checkpoint.dir.empty() || config_.checkpoint.resume != "latest",
                   "checkpoint.resume=latest needs checkpoint.dir to say where to look");
     std::string spec = config_.checkpoint.resume == "latest" ? config_.checkpoint.dir : config_.checkpoint.resume;
     load_checkpoint(io::resolve_checkpoint(spec));
   }
+  if (!config_.log.metrics_file.empty() && is_root_) {
+    // A fresh run starts the file anew. A resumed one continues it, after
+    // dropping the lines of steps past the checkpoint (logged by the run that
+    // was interrupted, and about to be run again).
+    const bool resumed = !config_.checkpoint.resume.empty();
+    if (resumed) trim_metrics_after(config_.log.metrics_file, step_);
+    metrics_ = std::make_unique<io::MetricsWriter>(config_.log.metrics_file, !resumed);
+  }
+}
+
+void trim_metrics_after(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in.good()) return;
+  std::string line, kept;
+  bool dropped = false;
+  for (int64_t n = 1; std::getline(in, line); n++) {
+    if (line.empty()) continue;
+    double line_step = 0;
+    try {
+      const io::JsonValue object = io::parse_json(line, path);
+      const io::JsonValue* v = object.find("step");
+      line_step = v && v->is_number() ? v->as_double() : 0;
+    } catch (const Error&) {
+      dropped = true;  // a torn last line of a run that died while writing it
+      continue;
+    }
+    if (line_step > static_cast<double>(step)) {
+      dropped = true;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  if (dropped) io::write_file_atomic(path, kept);
 }
 
 Trainer::~Trainer() = default;

@@ -83,6 +83,10 @@ class Trainer {
   bool is_root_ = true;
 };
 
+// Rewrites a metrics JSONL file without the lines whose "step" is past `step`
+// (and without a torn last line); leaves it untouched when there are none.
+void trim_metrics_after(const std::string& path, int64_t step);
+
 // The model's shape from the [model] section.
 model::ModelConfig model_config_of(const io::ModelSection& model);
 
