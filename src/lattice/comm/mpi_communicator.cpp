@@ -15,27 +15,8 @@ namespace {
 // ---- bf16 / f16 reductions: widen to f32, combine, round back ----
 //
 // MPI calls these on chunks of the buffers; they must be fast (they are the
-// arithmetic of every bf16/f16 all-reduce) and bit-exact with core/dtype.h.
-
-inline float f32_of_bits(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-inline uint32_t bits_of_f32(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-
-// Same rounding as lattice::f32_to_bf16 (round to nearest even, NaN stays a
-// quiet NaN), inlined so the loop below vectorises.
-inline uint16_t bf16_round(float x) {
-  uint32_t u = bits_of_f32(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
+// arithmetic of every bf16/f16 all-reduce): core/dtype.h's bf16 conversions
+// are inline so this loop vectorises.
 
 template <bool kMax>
 inline float combine(float a, float b) {
@@ -50,9 +31,7 @@ void bf16_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
   const uint16_t* a = static_cast<const uint16_t*>(in);
   uint16_t* b = static_cast<uint16_t*>(inout);
   for (int i = 0; i < *len; i++) {
-    float x = f32_of_bits(static_cast<uint32_t>(a[i]) << 16);
-    float y = f32_of_bits(static_cast<uint32_t>(b[i]) << 16);
-    b[i] = bf16_round(combine<kMax>(x, y));
+    b[i] = f32_to_bf16(combine<kMax>(bf16_to_f32(a[i]), bf16_to_f32(b[i])));
   }
 }
 

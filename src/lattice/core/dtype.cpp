@@ -42,22 +42,6 @@ static float float_of(uint32_t u) {
   return x;
 }
 
-uint16_t f32_to_bf16(float x) {
-  uint32_t u = bits_of(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) {
-    // NaN: keep the sign and top mantissa bits, force the quiet bit so that a
-    // NaN whose payload lives only in the low bits does not become infinity.
-    return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  }
-  // Round to nearest even: add 0x7fff plus the lowest kept bit, then truncate.
-  // Overflow of the rounding carries into the exponent and yields inf.
-  uint32_t lsb = (u >> 16) & 1u;
-  u += 0x7fffu + lsb;
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float bf16_to_f32(uint16_t h) { return float_of(static_cast<uint32_t>(h) << 16); }
-
 uint16_t f32_to_f16(float x) {
   uint32_t u = bits_of(x);
   uint32_t sign = (u >> 16) & 0x8000u;

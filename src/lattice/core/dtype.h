@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 namespace lattice {
@@ -20,8 +21,27 @@ const char* dtype_name(DType t);  // "f32", "bf16", "f16"
 // throws lattice::Error naming the accepted spellings otherwise.
 DType parse_dtype(const std::string& name);
 
-uint16_t f32_to_bf16(float x);
-float bf16_to_f32(uint16_t h);
+// bf16 conversions are inline: they sit in hot loops (the bf16 reduction of
+// every all-reduce, bulk casts) that must vectorise.
+inline uint16_t f32_to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    // NaN: keep the sign and top mantissa bits, force the quiet bit so that a
+    // NaN whose payload lives only in the low bits does not become infinity.
+    return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  }
+  // Round to nearest even: add 0x7fff plus the lowest kept bit, then truncate.
+  // Overflow of the rounding carries into the exponent and yields inf.
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
 uint16_t f32_to_f16(float x);
 float f16_to_f32(uint16_t h);
 
