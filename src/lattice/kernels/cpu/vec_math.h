@@ -19,22 +19,16 @@
 
 namespace lattice::kernels::cpu {
 
-// exp(x) for float, ~1 ulp on [-87, 88], written with plain arithmetic and bit
-// casts so that GCC vectorises loops calling it (libm's expf does not vectorise
-// without -ffast-math). Range reduction x = n·ln2 + r with |r| ≤ ln2/2 (ln2 split
-// in a hi part exact in float and a lo part), then the Cephes degree-6
-// polynomial for e^r, scaled by 2^n built in the exponent bits.
-// x ≤ -87.3 (incl. -inf) returns 0; x ≥ 88.7 returns +inf-free FLT_MAX-ish e^88.7.
-static inline __attribute__((always_inline)) float exp_approx(float x) {
-  const bool underflow = x < -87.3f;
-  x = x < -87.3f ? -87.3f : x;
-  x = x > 88.7f ? 88.7f : x;
-  // Round x·log2(e) to the nearest integer with the 1.5·2^23 trick (no SSE4.1 round needed).
+// The shared core of exp_approx and exp_nonpositive: x = n·ln2 + r with
+// |r| ≤ ln2/2 (n rounded with the 1.5·2^23 trick, no SSE4.1 round needed;
+// ln2 in a hi part exact in float and a lo part), returns the Cephes
+// degree-6 polynomial for e^r and sets *n_int = n. x must be in [-87.3, 88.7].
+static inline __attribute__((always_inline)) float exp_reduced(float x, int32_t* n_int) {
   const float shifted = x * 1.44269504088896341f + 12582912.0f;
   const float n = shifted - 12582912.0f;
   int32_t shifted_bits;
   std::memcpy(&shifted_bits, &shifted, 4);
-  const int32_t n_int = shifted_bits - 0x4B400000;
+  *n_int = shifted_bits - 0x4B400000;
   float r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -43,7 +37,20 @@ static inline __attribute__((always_inline)) float exp_approx(float x) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  return p * r * r + r + 1.0f;
+}
+
+// exp(x) for float, ~1 ulp on [-87, 88], written with plain arithmetic and bit
+// casts so that GCC vectorises loops calling it (libm's expf does not vectorise
+// without -ffast-math). exp_reduced, then e^r scaled by 2^n built in the
+// exponent bits.
+// x ≤ -87.3 (incl. -inf) returns 0; x ≥ 88.7 returns +inf-free FLT_MAX-ish e^88.7.
+static inline __attribute__((always_inline)) float exp_approx(float x) {
+  const bool underflow = x < -87.3f;
+  x = x < -87.3f ? -87.3f : x;
+  x = x > 88.7f ? 88.7f : x;
+  int32_t n_int;
+  const float p = exp_reduced(x, &n_int);
   // 2^n as float bits; n ∈ [-126, 128]: for n = 128 build 2^127 and double.
   const int32_t n_low = n_int > 127 ? 127 : n_int;
   const int32_t scale_bits = (n_low + 127) << 23;
@@ -80,20 +87,8 @@ static inline __attribute__((always_inline)) float sqrt_approx(float x) {
 static inline __attribute__((always_inline)) float exp_nonpositive(float x) {
   const bool underflow = x < -87.3f;
   x = x < -87.3f ? -87.3f : x;
-  const float shifted = x * 1.44269504088896341f + 12582912.0f;
-  const float n = shifted - 12582912.0f;
-  int32_t shifted_bits;
-  std::memcpy(&shifted_bits, &shifted, 4);
-  const int32_t n_int = shifted_bits - 0x4B400000;
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  int32_t n_int;
+  const float p = exp_reduced(x, &n_int);
   const int32_t scale_bits = (n_int + 127) << 23;  // n ∈ [-126, 0]
   float scale;
   std::memcpy(&scale, &scale_bits, 4);
