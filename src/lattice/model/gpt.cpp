@@ -233,15 +233,20 @@ Slot& GPT::slot(int index, int B, int T) {
   return s;
 }
 
+// Every id of a batch must be a row of wte, checked before any work so the
+// message names the model's vocabulary rather than a kernel's argument.
+static void check_ids(const char* what, const int32_t* ids, int64_t n, int vocab_size) {
+  for (int64_t i = 0; i < n; i++) {
+    LATTICE_CHECK(ids[i] >= 0 && ids[i] < vocab_size, what << " id " << ids[i] << " at position " << i
+                                                            << " is outside the vocabulary [0, " << vocab_size
+                                                            << ")");
+  }
+}
+
 void GPT::forward_body(Slot& s, const int32_t* inputs) {
   const int B = s.B, T = s.T, C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
   const int64_t N = static_cast<int64_t>(B) * T;
-  const int Vp = config_.padded_vocab();
-  for (int64_t i = 0; i < N; i++) {
-    LATTICE_CHECK(inputs[i] >= 0 && inputs[i] < config_.vocab_size,
-                  "token id " << inputs[i] << " at position " << i << " is outside the vocabulary [0, "
-                              << config_.vocab_size << ")");
-  }
+  check_ids("token", inputs, N, config_.vocab_size);
   std::memcpy(s.inputs, inputs, N * sizeof(int32_t));
   ParamGroup& e = embedding_group();
   // x₀ = wte[tokens] + wpe[0..T)
@@ -264,7 +269,6 @@ void GPT::forward_body(Slot& s, const int32_t* inputs) {
   }
   ParamGroup& f = final_group();
   k::layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.x[L], f.param(kLnfW), f.param(kLnfB), N, C);
-  (void)Vp;
 }
 
 static float mean_of(const float* x, int64_t n) {
@@ -281,11 +285,7 @@ float GPT::forward(int slot_index, const int32_t* inputs, const int32_t* targets
   forward_body(s, inputs);
   const int64_t N = static_cast<int64_t>(B) * T;
   const int C = config_.n_embd, V = config_.vocab_size, Vp = config_.padded_vocab();
-  for (int64_t i = 0; i < N; i++) {
-    LATTICE_CHECK(targets[i] >= 0 && targets[i] < V,
-                  "target id " << targets[i] << " at position " << i << " is outside the vocabulary [0, " << V
-                               << ")");
-  }
+  check_ids("target", targets, N, V);
   // logits = LN_f(x_L) · wteᵀ, then loss and dlogits in one pass:
   // dlogits = (loss_grad_scale / N) · (softmax - onehot).
   k::linear_forward(s.logits, s.lnf, embedding_group().param(kWte), nullptr, N, C, Vp);
@@ -307,10 +307,7 @@ float GPT::evaluate(const int32_t* inputs, const int32_t* targets, int B, int T)
   forward_body(s, inputs);
   const int64_t N = static_cast<int64_t>(B) * T;
   const int C = config_.n_embd, V = config_.vocab_size, Vp = config_.padded_vocab();
-  for (int64_t i = 0; i < N; i++) {
-    LATTICE_CHECK(targets[i] >= 0 && targets[i] < V,
-                  "target id " << targets[i] << " is outside the vocabulary [0, " << V << ")");
-  }
+  check_ids("target", targets, N, V);
   k::linear_forward(s.logits, s.lnf, embedding_group().param(kWte), nullptr, N, C, Vp);
   k::crossentropy_forward(s.losses, s.logits, targets, N, V, Vp);
   return mean_of(s.losses, N);
