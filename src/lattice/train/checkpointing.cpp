@@ -111,10 +111,7 @@ std::unique_ptr<model::GPT> load_model_for_inference(const std::string& path, in
   model::ModelConfig mc;
   {
     io::SafeTensorsReader r(path);
-    auto find = [&r](const std::string& name) {
-      const io::TensorEntry* e = r.find(name);
-      return e ? e : r.find("transformer." + name);
-    };
+    auto find = [&r](const std::string& name) { return find_hf_tensor(r, name); };
     const io::TensorEntry* wte = find("wte.weight");
     const io::TensorEntry* wpe = find("wpe.weight");
     LATTICE_CHECK(wte && wpe && wte->shape.size() == 2 && wpe->shape.size() == 2,

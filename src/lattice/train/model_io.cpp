@@ -82,6 +82,11 @@ void import_hf(model::GPT& model, const GroupBuffer& buffer, const HfSource& src
   }
 }
 
+const io::TensorEntry* find_hf_tensor(const io::SafeTensorsReader& file, const std::string& name) {
+  if (const io::TensorEntry* e = file.find(name)) return e;
+  return file.find("transformer." + name);
+}
+
 void save_model_safetensors(model::GPT& model, const GroupBuffer& buffer, const std::string& path,
                             const std::vector<std::pair<std::string, std::string>>& metadata) {
   std::vector<HfTensor> tensors = export_hf(model, buffer);
@@ -93,11 +98,7 @@ void save_model_safetensors(model::GPT& model, const GroupBuffer& buffer, const 
 
 void load_model_safetensors(model::GPT& model, const GroupBuffer& buffer, const std::string& path) {
   io::SafeTensorsReader r(path);
-  // Hub files of GPT2LMHeadModel prefix names with "transformer."; accept both.
-  auto resolve = [&r](const std::string& name) -> const io::TensorEntry* {
-    if (const io::TensorEntry* e = r.find(name)) return e;
-    return r.find("transformer." + name);
-  };
+  auto resolve = [&r](const std::string& name) { return find_hf_tensor(r, name); };
   HfSource src;
   src.source = "checkpoint file '" + path + "'";
   src.shape_of = [&](const std::string& name, std::vector<int64_t>* shape) {

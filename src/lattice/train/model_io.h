@@ -52,3 +52,16 @@ void load_model_safetensors(model::GPT& model, const GroupBuffer& buffer, const 
 GroupBuffer params_of(model::GPT& model);
 
 }  // namespace lattice::train
+
+namespace lattice::io {
+class SafeTensorsReader;
+struct TensorEntry;
+}  // namespace lattice::io
+
+namespace lattice::train {
+
+// Tensor `name` of a HF GPT-2 file, with or without the "transformer." prefix
+// that GPT2LMHeadModel files put on their names; nullptr when absent.
+const io::TensorEntry* find_hf_tensor(const io::SafeTensorsReader& file, const std::string& name);
+
+}  // namespace lattice::train

@@ -103,7 +103,6 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
                 "precision.compute=" << config_.precision.compute << " is not implemented yet; set f32");
   LATTICE_CHECK(config_.compression.grad == "none",
                 "compression.grad=" << config_.compression.grad << " is not implemented yet; set none");
-  LATTICE_CHECK(config_.model.seq_len >= 1, "model.seq_len must be >= 1");
 
   set_num_threads(config_.train.threads);
   peak_flops_ = peak_gflops_per_core() * 1e9 * num_threads();
