@@ -97,6 +97,15 @@ TEST(LayerNorm, BackwardMatchesFiniteDifferencesAndReference) {
   for (auto& v : ref_b) v *= 2;
   test::expect_close(dw, ref_w, 2e-5, 1e-4, "dw accumulated twice");
   test::expect_close(db, ref_b, 2e-5, 1e-5, "db accumulated twice");
+
+  // accumulate = false overwrites and never reads the old values (NaN here).
+  std::vector<float> dw2(C, NAN), db2(C, NAN);
+  layernorm_backward_weight(dw2.data(), db2.data(), R.data(), x.data(), mean.data(), rstd.data(), N, C,
+                            /*accumulate=*/false);
+  for (auto& v : ref_w) v /= 2;
+  for (auto& v : ref_b) v /= 2;
+  test::expect_close(dw2, ref_w, 1e-5, 1e-4, "dw overwritten");
+  test::expect_close(db2, ref_b, 1e-5, 1e-5, "db overwritten");
 }
 
 // A float-only check that the kernel's own forward and backward agree:

@@ -83,6 +83,12 @@ TEST(Linear, BackwardMatchesFiniteDifferencesAndReference) {
   std::vector<float> dw2(kOC * kIC, 0.0f);
   linear_backward_weight(dw2.data(), nullptr, R.data(), inp.data(), kN, kIC, kOC);
   test::expect_close(dw2, ref_w, 1e-5, 1e-5, "dW without dbias");
+
+  // accumulate = false overwrites and never reads the old values (NaN here).
+  std::vector<float> dw3(kOC * kIC, NAN), db3(kOC, NAN);
+  linear_backward_weight(dw3.data(), db3.data(), R.data(), inp.data(), kN, kIC, kOC, /*accumulate=*/false);
+  EXPECT_TRUE(test::bitwise_equal(dw3, dw2)) << "overwrite equals accumulate into zero";
+  test::expect_close(db3, ref_b, 1e-5, 1e-5, "db overwritten");
 }
 
 // The bias reduction and the bias pre-fill are ours; at a size where they run

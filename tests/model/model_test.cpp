@@ -363,3 +363,53 @@ TEST(GPT, EvaluationReusesTheIdleTrainingSlot) {
   for (size_t g = 0; g < want.size(); g++)
     ASSERT_EQ(0, std::memcmp(want[g].data(), grads_after_eval[g].data(), want[g].size() * 4)) << g;
 }
+
+namespace {
+
+// zero_grad() marks gradients stale instead of clearing them; a backward must
+// then overwrite every gradient (here: garbage NaN left in the buffers) and a
+// second micro-batch must accumulate. Reading before any write is an error.
+TEST(GPT, ZeroGradOverwritesOnFirstWriteThenAccumulates) {
+  ModelConfig c = tiny_config();
+  auto in = random_tokens(16, c.vocab_size, 3), tg = random_tokens(16, c.vocab_size, 4);
+  auto in2 = random_tokens(16, c.vocab_size, 5), tg2 = random_tokens(16, c.vocab_size, 6);
+  GPT gpt(c, 2);
+  gpt.forward(0, in.data(), tg.data(), 2, 8, 1.0f);
+  gpt.backward(0);
+  for (ParamGroup& g : gpt.groups()) std::fill(g.grad(), g.grad() + g.numel(), NAN);
+  // Padding between parameters is never written: keep it zero as allocate() leaves it.
+  for (ParamGroup& g : gpt.groups()) {
+    int64_t end = 0;
+    for (const auto& p : g.params()) {
+      std::fill(g.grad() + end, g.grad() + p.offset, 0.0f);
+      end = p.offset + p.numel();
+    }
+    std::fill(g.grad() + end, g.grad() + g.numel(), 0.0f);
+  }
+  gpt.zero_grad();
+  EXPECT_THROW(gpt.groups()[0].grad(), Error);
+  gpt.forward(0, in.data(), tg.data(), 2, 8, 0.5f);
+  gpt.backward(0);
+  gpt.forward(0, in2.data(), tg2.data(), 2, 8, 0.5f);
+  gpt.backward(0);
+  auto got = grads_of(gpt);
+
+  // Reference: gradients of the two micro-batches computed one at a time into
+  // freshly allocated (zeroed) buffers, summed in the same order.
+  GPT ref(c, 2);
+  ref.forward(0, in.data(), tg.data(), 2, 8, 0.5f);
+  ref.backward(0);
+  auto first = grads_of(ref);
+  ref.zero_grad();
+  ref.forward(0, in2.data(), tg2.data(), 2, 8, 0.5f);
+  ref.backward(0);
+  auto second = grads_of(ref);
+  for (size_t g = 0; g < got.size(); g++)
+    for (size_t i = 0; i < got[g].size(); i++) {
+      ASSERT_FALSE(std::isnan(got[g][i])) << "group " << g << " element " << i;
+      ASSERT_NEAR(got[g][i], first[g][i] + second[g][i], 1e-6f + 1e-5f * std::fabs(got[g][i]))
+          << "group " << g << " element " << i;
+    }
+}
+
+}  // namespace

@@ -50,9 +50,10 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 // dinp_ic += rstd_i · (g_ic - mean_c(g_i) - x̂_ic · mean_c(g_i ⊙ x̂_i))   (ACCUMULATES into dinp)
 void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* weight,
                               const float* mean, const float* rstd, int64_t N, int C);
-// dweight_c += Σ_i dout_ic · x̂_ic ; dbias_c += Σ_i dout_ic
+// dweight_c (+)= Σ_i dout_ic · x̂_ic ; dbias_c (+)= Σ_i dout_ic
+// (accumulate = true adds, false overwrites: the first write after zero_grad)
 void layernorm_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp,
-                               const float* mean, const float* rstd, int64_t N, int C);
+                               const float* mean, const float* rstd, int64_t N, int C, bool accumulate = true);
 
 // ---- Linear -----------------------------------------------------------------
 // out[N,OC] = inp[N,IC] · W[OC,IC]ᵀ + bias (bias may be null)
@@ -60,9 +61,10 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 // dinp[N,IC] (= or += when accumulate) dout[N,OC] · W[OC,IC]
 void linear_backward_input(float* dinp, const float* dout, const float* weight, int64_t N, int IC, int OC,
                            bool accumulate);
-// dW[OC,IC] += doutᵀ · inp ; dbias[OC] += Σ_n dout[n,:] (dbias may be null)
+// dW[OC,IC] (+)= doutᵀ · inp ; dbias[OC] (+)= Σ_n dout[n,:] (dbias may be null)
+// (accumulate = true adds, false overwrites: GEMM beta = 0, dW is not read)
 void linear_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int64_t N, int IC,
-                            int OC);
+                            int OC, bool accumulate = true);
 
 // ---- GELU, tanh approximation -------------------------------------------------
 // gelu(x) = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))

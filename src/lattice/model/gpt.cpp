@@ -359,10 +359,28 @@ void GPT::head_backward_weight(Slot& s) {
   const int C = config_.n_embd, L = config_.n_layer, Vp = config_.padded_vocab();
   ParamGroup& f = final_group();
   ParamGroup& e = embedding_group();
-  // d wte += dlogitsᵀ · LN_f(x_L)   (the tied head's share of the wte gradient)
-  k::linear_backward_weight(e.param_grad(kWte), nullptr, s.logits, s.lnf, N, C, Vp);
-  k::layernorm_backward_weight(f.param_grad(kLnfW), f.param_grad(kLnfB), s.dlnf, s.x[L], s.lnf_mean, s.lnf_rstd,
-                               N, C);
+  // d wte (+)= dlogitsᵀ · LN_f(x_L)   (the tied head's share of the wte gradient)
+  bool acc = false;
+  float* dwte = e.write_grad(kWte, &acc);
+  k::linear_backward_weight(dwte, nullptr, s.logits, s.lnf, N, C, Vp, acc);
+  layernorm_weight_grads(f, kLnfW, kLnfB, s.dlnf, s.x[L], s.lnf_mean, s.lnf_rstd, N);
+}
+
+// The weight and bias gradients of one Linear (or LayerNorm) of group g: the
+// first write after zero_grad() overwrites, later micro-batches accumulate.
+// A weight and its bias are always written together.
+void GPT::linear_weight_grads(ParamGroup& g, int w, int b, const float* dout, const float* inp, int64_t N, int IC,
+                              int OC) {
+  bool acc = false;
+  float* dw = g.write_grad(w, &acc);
+  k::linear_backward_weight(dw, g.write_grad(b, &acc), dout, inp, N, IC, OC, acc);
+}
+
+void GPT::layernorm_weight_grads(ParamGroup& g, int w, int b, const float* dout, const float* inp,
+                                 const float* mean, const float* rstd, int64_t N) {
+  bool acc = false;
+  float* dw = g.write_grad(w, &acc);
+  k::layernorm_backward_weight(dw, g.write_grad(b, &acc), dout, inp, mean, rstd, N, config_.n_embd, acc);
 }
 
 void GPT::layer_backward_input(Slot& s, int l) {
@@ -396,19 +414,27 @@ void GPT::layer_backward_weight(Slot& s, int l) {
   LayerActs& a = s.layers[l];
   LayerGrads& d = dlayer_of(s, l);
   const float* dout = dx_of(s, l + 1);
-  k::linear_backward_weight(g.param_grad(kFcProjW), g.param_grad(kFcProjB), dout, a.fch_gelu, N, 4 * C, C);
-  k::linear_backward_weight(g.param_grad(kFcW), g.param_grad(kFcB), d.dfch, a.ln2, N, C, 4 * C);
-  k::layernorm_backward_weight(g.param_grad(kLn2W), g.param_grad(kLn2B), d.dln2, a.res1, a.ln2_mean, a.ln2_rstd, N,
-                               C);
-  k::linear_backward_weight(g.param_grad(kAttnProjW), g.param_grad(kAttnProjB), d.dres1, a.atty, N, C, C);
-  k::linear_backward_weight(g.param_grad(kAttnW), g.param_grad(kAttnB), d.dqkv, a.ln1, N, C, 3 * C);
-  k::layernorm_backward_weight(g.param_grad(kLn1W), g.param_grad(kLn1B), d.dln1, s.x[l], a.ln1_mean, a.ln1_rstd, N,
-                               C);
+  linear_weight_grads(g, kFcProjW, kFcProjB, dout, a.fch_gelu, N, 4 * C, C);
+  linear_weight_grads(g, kFcW, kFcB, d.dfch, a.ln2, N, C, 4 * C);
+  layernorm_weight_grads(g, kLn2W, kLn2B, d.dln2, a.res1, a.ln2_mean, a.ln2_rstd, N);
+  linear_weight_grads(g, kAttnProjW, kAttnProjB, d.dres1, a.atty, N, C, C);
+  linear_weight_grads(g, kAttnW, kAttnB, d.dqkv, a.ln1, N, C, 3 * C);
+  layernorm_weight_grads(g, kLn1W, kLn1B, d.dln1, s.x[l], a.ln1_mean, a.ln1_rstd, N);
 }
 
 void GPT::embedding_backward_weight(Slot& s) {
   ParamGroup& e = embedding_group();
-  k::embedding_backward(e.param_grad(kWte), e.param_grad(kWpe), dx_of(s, 0), s.inputs, s.B, s.T, config_.n_embd);
+  // A scatter-add cannot overwrite: a gradient nobody has written since
+  // zero_grad() is cleared first. wte normally already holds the head's share
+  // (head_backward_weight runs first); wpe is cleared here on the first
+  // micro-batch of a step (T·C floats).
+  float* d[2];
+  for (size_t p : {kWte, kWpe}) {
+    bool acc = false;
+    d[p] = e.write_grad(p, &acc);
+    if (!acc) std::memset(d[p], 0, sizeof(float) * e.params()[p].numel());
+  }
+  k::embedding_backward(d[kWte], d[kWpe], dx_of(s, 0), s.inputs, s.B, s.T, config_.n_embd);
 }
 
 static Slot& existing_slot(std::vector<std::unique_ptr<Slot>>& slots, int index) {

@@ -67,6 +67,8 @@ class GPT {
   // The pointer is valid until the next call.
   const float* last_logits(const int32_t* inputs, int B, int T);
 
+  // Marks every gradient stale (no memset): the next backward overwrites each
+  // gradient on its first write and accumulates after (see ParamGroup::zero_grad).
   void zero_grad();
   int64_t num_params() const { return config_.num_params(); }
   // Bytes of activation memory one micro-batch slot of B×T tokens takes.
@@ -83,6 +85,9 @@ class GPT {
   void head_backward_input(Slot& s);
   void head_backward_weight(Slot& s);
   void embedding_backward_weight(Slot& s);
+  void linear_weight_grads(ParamGroup& g, int w, int b, const float* dout, const float* inp, int64_t N, int IC, int OC);
+  void layernorm_weight_grads(ParamGroup& g, int w, int b, const float* dout, const float* inp, const float* mean,
+                              const float* rstd, int64_t N);
 
   ModelConfig config_;
   std::vector<ParamGroup> groups_;

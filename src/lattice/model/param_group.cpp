@@ -1,5 +1,6 @@
 #include "lattice/model/param_group.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "lattice/core/error.h"
@@ -50,6 +51,7 @@ void ParamGroup::add(ParamInfo info) {
 void ParamGroup::allocate() {
   data_ = Buffer(static_cast<size_t>(numel_) * sizeof(float), MemCategory::Params);
   grad_ = Buffer(static_cast<size_t>(numel_) * sizeof(float), MemCategory::Grads);
+  grad_written_.assign(params_.size(), 1);  // Buffer memory starts zeroed: a valid (zero) gradient
 }
 
 void ParamGroup::initialize(uint64_t seed) {
@@ -80,8 +82,22 @@ const ParamInfo* ParamGroup::find(const std::string& name) const {
   return nullptr;
 }
 
-void ParamGroup::zero_grad() {
-  if (!grad_.empty()) std::memset(grad_.data(), 0, grad_.bytes());
+void ParamGroup::zero_grad() { std::fill(grad_written_.begin(), grad_written_.end(), 0); }
+
+float* ParamGroup::write_grad(size_t i, bool* accumulate) {
+  *accumulate = grad_written_[i] != 0;
+  grad_written_[i] = 1;
+  return grad_.as<float>() + params_[i].offset;
+}
+
+void ParamGroup::check_grad_written(size_t i) const {
+  LATTICE_CHECK(grad_written_[i], "gradient of " << params_[i].name
+                                                 << " read after zero_grad() and before any backward wrote it");
+}
+
+const float* ParamGroup::checked_grad() const {
+  for (size_t i = 0; i < params_.size(); i++) check_grad_written(i);
+  return grad_.as<float>();
 }
 
 }  // namespace lattice::model

@@ -82,15 +82,34 @@ class ParamGroup {
 
   float* data() { return data_.as<float>(); }
   const float* data() const { return data_.as<float>(); }
-  float* grad() { return grad_.as<float>(); }
-  const float* grad() const { return grad_.as<float>(); }
+  // Gradients, for reading once a backward has written them (checked: reading
+  // a parameter's gradient after zero_grad() and before any write is an error).
+  float* grad() { return const_cast<float*>(checked_grad()); }
+  const float* grad() const { return checked_grad(); }
   float* param(size_t i) { return data() + params_[i].offset; }
-  float* param_grad(size_t i) { return grad() + params_[i].offset; }
+  float* param_grad(size_t i) {
+    check_grad_written(i);
+    return grad_.as<float>() + params_[i].offset;
+  }
+
+  // zero_grad() does not touch memory: it marks every gradient stale. The
+  // first backward kernel to produce parameter i's gradient after it calls
+  // write_grad(i), which returns the pointer and whether to accumulate
+  // (false: overwrite, e.g. GEMM beta = 0, so the buffer is neither cleared
+  // nor read); later micro-batches accumulate. This saves a pass over every
+  // gradient per step (a memset of 0.5 GB at GPT-2 124M).
   void zero_grad();
+  float* write_grad(size_t i, bool* accumulate);
+  // True if parameter i's gradient has been written since zero_grad().
+  bool grad_written(size_t i) const { return grad_written_[i] != 0; }
 
  private:
+  const float* checked_grad() const;
+  void check_grad_written(size_t i) const;
+
   std::string name_;
   std::vector<ParamInfo> params_;
+  std::vector<uint8_t> grad_written_;  // per parameter, see zero_grad()
   int64_t numel_ = 0;
   Buffer data_;
   Buffer grad_;

@@ -9,7 +9,7 @@
 //
 // Backward, with g = dout ⊙ w:
 //   dx_ic  = rstd_i · (g_ic - mean_c(g_i) - x̂_ic · mean_c(g_i ⊙ x̂_i))
-//   dw_c  += Σ_i dout_ic·x̂_ic ; db_c += Σ_i dout_ic
+//   dw_c (+)= Σ_i dout_ic·x̂_ic ; db_c (+)= Σ_i dout_ic
 #include <cmath>
 
 #include <algorithm>
@@ -79,7 +79,8 @@ void backward_input_rows(float* dinp, const float* dout, const float* inp, const
 // fixed, so the result does not depend on the thread count.
 LATTICE_SIMD_CLONES
 void backward_weight_columns(float* dweight, float* dbias, const float* dout, const float* inp, const float* mean,
-                             const float* rstd, int64_t N, int C, int64_t col_begin, int64_t col_end) {
+                             const float* rstd, int64_t N, int C, int64_t col_begin, int64_t col_end,
+                             bool accumulate) {
   float acc_w[kColumnBlock], acc_b[kColumnBlock];
   const int64_t width = col_end - col_begin;
   for (int64_t j = 0; j < width; ++j) acc_w[j] = acc_b[j] = 0.0f;
@@ -93,8 +94,8 @@ void backward_weight_columns(float* dweight, float* dbias, const float* dout, co
     }
   }
   for (int64_t j = 0; j < width; ++j) {
-    dweight[col_begin + j] += acc_w[j];
-    dbias[col_begin + j] += acc_b[j];
+    dweight[col_begin + j] = accumulate ? dweight[col_begin + j] + acc_w[j] : acc_w[j];
+    dbias[col_begin + j] = accumulate ? dbias[col_begin + j] + acc_b[j] : acc_b[j];
   }
 }
 
@@ -117,12 +118,12 @@ void layernorm_backward_input(float* dinp, const float* dout, const float* inp, 
 }
 
 void layernorm_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp,
-                               const float* mean, const float* rstd, int64_t N, int C) {
+                               const float* mean, const float* rstd, int64_t N, int C, bool accumulate) {
   const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b)
     backward_weight_columns(dweight, dbias, dout, inp, mean, rstd, N, C, b * kColumnBlock,
-                            std::min<int64_t>(C, (b + 1) * kColumnBlock));
+                            std::min<int64_t>(C, (b + 1) * kColumnBlock), accumulate);
 }
 
 }  // namespace lattice::kernels

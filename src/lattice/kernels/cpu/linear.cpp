@@ -1,8 +1,8 @@
 // Linear layer = GEMM + bias handling. W is [OC, IC] (torch.nn.Linear), so
 //   forward      out  = inp · Wᵀ + b        gemm NT
 //   input grad   dinp = dout · W            gemm NN
-//   weight grad  dW  += doutᵀ · inp         gemm TN, beta = 1
-//   bias grad    db  += Σ_n dout[n, :]      column sums, our own loop
+//   weight grad  dW (+)= doutᵀ · inp        gemm TN, beta = 1 (accumulate) or 0
+//   bias grad    db (+)= Σ_n dout[n, :]     column sums, our own loop
 #include <omp.h>
 
 #include <algorithm>
@@ -24,9 +24,10 @@ void fill_rows_with_bias(float* out, const float* bias, int64_t row_begin, int64
   for (int64_t n = row_begin; n < row_end; ++n) std::memcpy(out + n * OC, bias, sizeof(float) * OC);
 }
 
-// dbias[j] += Σ_n dout[n, j] for j in [col_begin, col_end).
+// dbias[j] (+)= Σ_n dout[n, j] for j in [col_begin, col_end).
 LATTICE_SIMD_CLONES
-void column_sums(float* dbias, const float* dout, int64_t N, int OC, int64_t col_begin, int64_t col_end) {
+void column_sums(float* dbias, const float* dout, int64_t N, int OC, int64_t col_begin, int64_t col_end,
+                 bool accumulate) {
   float acc[kBiasColumnBlock];
   const int64_t width = col_end - col_begin;
   for (int64_t j = 0; j < width; ++j) acc[j] = 0.0f;
@@ -34,7 +35,7 @@ void column_sums(float* dbias, const float* dout, int64_t N, int OC, int64_t col
     const float* row = dout + n * OC + col_begin;
     for (int64_t j = 0; j < width; ++j) acc[j] += row[j];
   }
-  for (int64_t j = 0; j < width; ++j) dbias[col_begin + j] += acc[j];
+  for (int64_t j = 0; j < width; ++j) dbias[col_begin + j] = accumulate ? dbias[col_begin + j] + acc[j] : acc[j];
 }
 
 }  // namespace
@@ -59,13 +60,14 @@ void linear_backward_input(float* dinp, const float* dout, const float* weight, 
 }
 
 void linear_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int64_t N, int IC,
-                            int OC) {
-  gemm(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+                            int OC, bool accumulate) {
+  gemm(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, accumulate ? 1.0f : 0.0f, dweight, IC);
   if (dbias) {
     const int64_t blocks = (OC + kBiasColumnBlock - 1) / kBiasColumnBlock;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; ++b)
-      column_sums(dbias, dout, N, OC, b * kBiasColumnBlock, std::min<int64_t>(OC, (b + 1) * kBiasColumnBlock));
+      column_sums(dbias, dout, N, OC, b * kBiasColumnBlock, std::min<int64_t>(OC, (b + 1) * kBiasColumnBlock),
+                  accumulate);
   }
 }
 
