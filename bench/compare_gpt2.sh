@@ -2,7 +2,7 @@
 # GPT-2 CPU training throughput: lattice against PyTorch, same configs, same run.
 #
 #   bench/compare_gpt2.sh [--quick] [--threads "1 2"] [--rows FILTER] [--steps S] [--warmup W]
-#                         [--skip-lattice] [--skip-pytorch] [--out results.jsonl]
+#                         [--repeat R] [--skip-lattice] [--skip-pytorch] [--out results.jsonl]
 #
 # Rows (V = 50257):
 #   gpt2-124M-B4-T64     L=12 C=768 H=12  B=4 T=64
@@ -10,6 +10,11 @@
 #   L6-C384-B8-T256      L=6  C=384 H=6   B=8 T=256
 # each with every thread count of --threads (default "1 2").
 # --rows keeps the rows whose name contains any of the comma-separated FILTERs.
+# --repeat R (default 1) runs PyTorch and lattice R times each, alternating, and
+# reports each side's best run with the range of all of them: on a shared
+# machine other tenants only ever slow a run down, so the best of several
+# interleaved runs is the fairest estimate of each side's speed, and the range
+# shows how noisy the machine was.
 #
 # One step = forward + backward + AdamW, fp32, no gradient accumulation.
 # PyTorch side: bench/torch_gpt2_bench.py (re-execs itself with
@@ -30,11 +35,12 @@ ROWS_FILTER=""
 STEPS=""
 WARMUP=""
 QUICK=0
+REPEAT=1
 RUN_LATTICE=1
 RUN_PYTORCH=1
 OUT=""
 
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -42,6 +48,7 @@ while [[ $# -gt 0 ]]; do
     --rows) ROWS_FILTER="$2"; shift ;;
     --steps) STEPS="$2"; shift ;;
     --warmup) WARMUP="$2"; shift ;;
+    --repeat) REPEAT="$2"; shift ;;
     --skip-lattice) RUN_LATTICE=0 ;;
     --skip-pytorch) RUN_PYTORCH=0 ;;
     --out) OUT="$2"; shift ;;
@@ -50,6 +57,10 @@ while [[ $# -gt 0 ]]; do
   esac
   shift
 done
+if ! [[ "$REPEAT" =~ ^[1-9][0-9]*$ ]]; then
+  echo "compare_gpt2.sh: --repeat needs a positive integer, got '$REPEAT'" >&2
+  exit 2
+fi
 if [[ -z "$STEPS" ]]; then STEPS=$([[ $QUICK == 1 ]] && echo 2 || echo 5); fi
 if [[ -z "$WARMUP" ]]; then WARMUP=$([[ $QUICK == 1 ]] && echo 1 || echo 2); fi
 
@@ -89,21 +100,24 @@ for row in "${ROWS[@]}"; do
   read -r name L H C V B T <<< "$row"
   keep_row "$name" || continue
   for n in $THREADS; do
+   for ((rep = 1; rep <= REPEAT; rep++)); do
+    run_tag=$([[ $REPEAT -gt 1 ]] && echo " (run $rep/$REPEAT)" || true)
     if [[ $RUN_PYTORCH == 1 ]]; then
-      echo "== $name threads=$n: pytorch" >&2
+      echo "== $name threads=$n: pytorch$run_tag" >&2
       out=$("$PYTHON" bench/torch_gpt2_bench.py --n-layer "$L" --n-head "$H" --n-embd "$C" --vocab "$V" \
               --batch "$B" --seq "$T" --threads "$n" --steps "$STEPS" --warmup "$WARMUP" | json_line) || true
       [[ -n "$out" ]] || echo "   pytorch run failed" >&2
       record "$name" "$n" pytorch "$out"
     fi
     if [[ $RUN_LATTICE == 1 ]]; then
-      echo "== $name threads=$n: lattice" >&2
+      echo "== $name threads=$n: lattice$run_tag" >&2
       out=$("$LATTICE_BIN" bench train --set model.n_layer="$L" --set model.n_head="$H" --set model.n_embd="$C" \
               --set model.vocab_size="$V" --set model.seq_len="$T" --set train.micro_batch_size="$B" \
               --set train.threads="$n" --steps "$STEPS" --warmup "$WARMUP" --json | json_line) || true
       [[ -n "$out" ]] || echo "   lattice run failed" >&2
       record "$name" "$n" lattice "$out"
     fi
+   done
   done
 done
 
@@ -118,9 +132,9 @@ with open(sys.argv[1]) as f, open(sys.argv[2], "a") as out:
 EOF
 fi
 
-"$PYTHON" - "$results" "$PEAK_PER_CORE" "$STEPS" "$WARMUP" <<'EOF'
+"$PYTHON" - "$results" "$PEAK_PER_CORE" "$STEPS" "$WARMUP" "$REPEAT" <<'EOF'
 import json, sys
-path, peak_per_core, steps, warmup = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
+path, peak_per_core, steps, warmup, repeat = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
 table = {}
 order = []
 for line in open(path):
@@ -130,10 +144,18 @@ for line in open(path):
     if key not in table:
         table[key] = {}
         order.append(key)
-    table[key][d.get("impl", "?")] = d
+    table[key].setdefault(d.get("impl", "?"), []).append(d)
 
 def tps(d):
     return d.get("tokens_per_sec") if d and not d.get("failed") else None
+
+def best(runs):
+    """The fastest successful run, and the (min, max) tokens/s over all of them."""
+    ok = [d for d in (runs or []) if tps(d)]
+    if not ok:
+        return None, None
+    speeds = [tps(d) for d in ok]
+    return max(ok, key=tps), (min(speeds), max(speeds))
 
 def fmt(x, spec):
     width = int(spec.split(".")[0])
@@ -141,13 +163,14 @@ def fmt(x, spec):
 
 hdr = (f"{'config':<20} {'thr':>3} {'lattice tok/s':>13} {'pytorch tok/s':>13} {'ratio':>6} "
        f"{'lattice GFLOP/s':>15} {'% peak':>6} {'pytorch GFLOP/s':>15} {'% peak':>6}")
-print(f"\nsteps={steps} warmup={warmup}; peak = {peak_per_core/1e9:.0f} GFLOP/s per core x threads; "
+print(f"\nsteps={steps} warmup={warmup} repeat={repeat}" + (" (best run of each side; range over runs)" if repeat > 1 else "") +
+      f"; peak = {peak_per_core/1e9:.0f} GFLOP/s per core x threads; "
       f"model FLOPs/token = 6N + 12*L*C*T")
 print(hdr)
 print("-" * len(hdr))
 for key in order:
     row, n = key
-    lat, pt = table[key].get("lattice"), table[key].get("pytorch")
+    (lat, lat_range), (pt, pt_range) = best(table[key].get("lattice")), best(table[key].get("pytorch"))
     lt, ptt = tps(lat), tps(pt)
     ratio = lt / ptt if lt and ptt else None
     peak = peak_per_core * n
@@ -156,4 +179,7 @@ for key in order:
     print(f"{row:<20} {n:>3} {fmt(lt, '13.1f')} {fmt(ptt, '13.1f')} {fmt(ratio, '6.2f')} "
           f"{fmt(lf / 1e9 if lf else None, '15.1f')} {fmt(100 * lf / peak if lf else None, '6.1f')} "
           f"{fmt(pf / 1e9 if pf else None, '15.1f')} {fmt(100 * pf / peak if pf else None, '6.1f')}")
+    if repeat > 1:
+        rng = lambda r: f"{r[0]:.1f}-{r[1]:.1f}" if r else "n/a"
+        print(f"{'':<20} {'':>3} tok/s ranges: lattice {rng(lat_range)}, pytorch {rng(pt_range)}")
 EOF
