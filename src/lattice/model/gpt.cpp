@@ -366,21 +366,31 @@ void GPT::head_backward_weight(Slot& s) {
   layernorm_weight_grads(f, kLnfW, kLnfB, s.dlnf, s.x[L], s.lnf_mean, s.lnf_rstd, N);
 }
 
-// The weight and bias gradients of one Linear (or LayerNorm) of group g: the
-// first write after zero_grad() overwrites, later micro-batches accumulate.
-// A weight and its bias are always written together.
+// The gradients of a weight and its bias, which are always written together,
+// so they are both stale (overwrite) or both written (accumulate).
+static bool write_pair(ParamGroup& g, int w, int b, float** dw, float** db) {
+  bool acc_w = false, acc_b = false;
+  *dw = g.write_grad(w, &acc_w);
+  *db = g.write_grad(b, &acc_b);
+  LATTICE_CHECK(acc_w == acc_b, "gradients of " << g.params()[w].name << " and " << g.params()[b].name
+                                                << " are out of step");
+  return acc_w;
+}
+
+// One Linear's (or LayerNorm's) weight gradients in group g: the first write
+// after zero_grad() overwrites, later micro-batches accumulate.
 void GPT::linear_weight_grads(ParamGroup& g, int w, int b, const float* dout, const float* inp, int64_t N, int IC,
                               int OC) {
-  bool acc = false;
-  float* dw = g.write_grad(w, &acc);
-  k::linear_backward_weight(dw, g.write_grad(b, &acc), dout, inp, N, IC, OC, acc);
+  float *dw, *db;
+  const bool acc = write_pair(g, w, b, &dw, &db);
+  k::linear_backward_weight(dw, db, dout, inp, N, IC, OC, acc);
 }
 
 void GPT::layernorm_weight_grads(ParamGroup& g, int w, int b, const float* dout, const float* inp,
                                  const float* mean, const float* rstd, int64_t N) {
-  bool acc = false;
-  float* dw = g.write_grad(w, &acc);
-  k::layernorm_backward_weight(dw, g.write_grad(b, &acc), dout, inp, mean, rstd, N, config_.n_embd, acc);
+  float *dw, *db;
+  const bool acc = write_pair(g, w, b, &dw, &db);
+  k::layernorm_backward_weight(dw, db, dout, inp, mean, rstd, N, config_.n_embd, acc);
 }
 
 void GPT::layer_backward_input(Slot& s, int l) {
