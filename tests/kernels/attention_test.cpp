@@ -174,6 +174,26 @@ TEST(Attention, ThreadCountIndependent) {
 TEST(Attention, RejectsHeadsNotDividingChannels) {
   std::vector<float> buf(3 * 10 * 4);
   EXPECT_THROW(attention_forward(buf.data(), buf.data(), buf.data(), 1, 4, 10, 3), Error);
+  EXPECT_THROW(attention_decode(buf.data(), buf.data(), 30, buf.data(), buf.data(), 30, 1, 0, 10, 3), Error);
+}
+
+// The cached (generation) form gives the forward's output, whether the
+// positions come all at once, in chunks or one at a time.
+TEST(Attention, DecodeMatchesForward) {
+  const int T = 70, C = 48, NH = 3;  // T > 64: more than one forward query block
+  auto qkv = randn(static_cast<size_t>(T) * 3 * C, 41, 1.5f);
+  const auto ref = reference_forward(to_double(qkv), 1, T, C, NH);
+  for (const std::vector<int>& chunks : {std::vector<int>{T}, std::vector<int>{5, 1, 64}, std::vector<int>(T, 1)}) {
+    std::vector<float> out(static_cast<size_t>(T) * C, 7.0f);
+    int pos = 0;
+    for (int n : chunks) {
+      // Keys and values straight from the qkv rows (leading dimension 3C), as a cache holds them.
+      attention_decode(out.data() + static_cast<size_t>(pos) * C, qkv.data() + static_cast<size_t>(pos) * 3 * C,
+                       3 * C, qkv.data() + C, qkv.data() + 2 * C, 3 * C, n, pos, C, NH);
+      pos += n;
+    }
+    test::expect_close(out, ref.out, 1e-5, 1e-4, "decode in " + std::to_string(chunks.size()) + " chunks");
+  }
 }
 
 }  // namespace

@@ -413,3 +413,75 @@ TEST(GPT, ZeroGradOverwritesOnFirstWriteThenAccumulates) {
 }
 
 }  // namespace
+
+namespace {
+
+// decode() with its key/value cache gives last_logits() of the whole sequence,
+// whether the prompt goes in at once or token by token, and refuses to run
+// past seq_len.
+TEST(GPT, DecodeMatchesFullForward) {
+  ModelConfig c = tiny_config();
+  c.seq_len = 12;
+  GPT gpt(c, 5);
+  const auto seq = random_tokens(12, c.vocab_size, 8);
+  const int Vp = c.padded_vocab();
+  auto expect_logits = [&](const float* got, int T, const char* what) {
+    const float* want = gpt.last_logits(seq.data(), 1, T);
+    for (int v = 0; v < c.vocab_size; v++)
+      ASSERT_NEAR(got[v], want[v], 1e-5f + 1e-5f * std::fabs(want[v])) << what << " T=" << T << " v=" << v;
+  };
+  gpt.decode_reset();
+  const float* l = gpt.decode(seq.data(), 4);  // a 4-token prompt at once
+  std::vector<float> first(l, l + Vp);
+  expect_logits(first.data(), 4, "prompt");
+  for (int t = 4; t < 12; t++) {
+    l = gpt.decode(&seq[t], 1);
+    std::vector<float> step(l, l + Vp);
+    expect_logits(step.data(), t + 1, "one token");
+  }
+  EXPECT_EQ(gpt.decode_position(), 12);
+  try {
+    gpt.decode(&seq[0], 1);
+    FAIL() << "decode past seq_len must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("seq_len 12"), std::string::npos) << e.what();
+  }
+  // A new sequence token by token from the start.
+  gpt.decode_reset();
+  for (int t = 0; t < 12; t++) {
+    l = gpt.decode(&seq[t], 1);
+    std::vector<float> step(l, l + Vp);
+    expect_logits(step.data(), t + 1, "from the start");
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// next_logits() over a context longer than seq_len: the model sees the most
+// recent seq_len tokens, through the cache while it fits and recomputed once
+// the window slides; a context that is not an extension starts over.
+TEST(GPT, NextLogitsSlidesTheWindow) {
+  ModelConfig c = tiny_config();  // seq_len 8
+  GPT gpt(c, 6);
+  const auto ctx = random_tokens(20, c.vocab_size, 9);
+  const int Vp = c.padded_vocab();
+  auto check = [&](const std::vector<int32_t>& context, int64_t n) {
+    const float* l = gpt.next_logits(context.data(), n);
+    std::vector<float> got(l, l + Vp);
+    const int T = static_cast<int>(std::min<int64_t>(n, c.seq_len));
+    const float* want = gpt.last_logits(context.data() + n - T, 1, T);
+    for (int v = 0; v < c.vocab_size; v++)
+      ASSERT_NEAR(got[v], want[v], 1e-5f + 1e-5f * std::fabs(want[v])) << "n=" << n << " v=" << v;
+  };
+  for (int64_t n = 3; n <= 20; n++) check(ctx, n);  // a 3-token prompt, then one token at a time
+  auto other = ctx;
+  other[2] = (other[2] + 1) % c.vocab_size;  // same length, different history
+  check(other, 5);
+  check(other, 6);
+  check(ctx, 6);  // back to the first context: not an extension of `other`
+  check(ctx, 6);  // the same context twice (no new token)
+}
+
+}  // namespace

@@ -23,7 +23,9 @@ namespace lattice::cli {
 static const char* kGenerateHelp =
     "usage: lattice generate --checkpoint PATH --prompt TEXT [options]\n"
     "\n"
-    "Samples text from a trained model.\n"
+    "Samples text from a trained model. Keys and values are cached, so each new token\n"
+    "costs one position's forward until the context reaches the model's seq_len; past\n"
+    "it the model sees the most recent seq_len tokens, recomputed for every token.\n"
     "  --checkpoint PATH     a checkpoint directory (run dir with 'latest', or a step_N dir),\n"
     "                        or a model .safetensors file with HF GPT-2 names (then --n-head)\n"
     "  --prompt TEXT         the text to continue (default: a new document)\n"
@@ -120,9 +122,9 @@ static int run_generate(const std::vector<std::string>& args) {
   std::vector<float> probs;
   std::vector<int> order;
   for (long long n = 0; n < max_new; n++) {
-    // The model sees at most seq_len tokens: the most recent ones.
-    const int T = static_cast<int>(std::min<size_t>(context.size(), mc.seq_len));
-    const float* logits = gpt->last_logits(context.data() + context.size() - T, 1, T);
+    // The most recent seq_len tokens; one new position's work per token
+    // through the key/value cache until the window starts to slide.
+    const float* logits = gpt->next_logits(context.data(), static_cast<int64_t>(context.size()));
     int next = sample(logits, mc.vocab_size, static_cast<float>(temperature), static_cast<int>(top_k), rng, probs,
                       order);
     if (next == tok.eot()) break;

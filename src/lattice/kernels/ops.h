@@ -90,6 +90,15 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 // dqkv [B,T,3C] is written (=).
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
                         int T, int C, int NH);
+// Incremental (key/value-cached) attention of one sequence, for generation:
+// n new queries at positions [pos, pos + n) attend to the cached keys and
+// values of positions [0, pos + n) (causal: query pos + i sees keys ≤ pos + i).
+// q row i holds the queries of position pos + i, head h at columns h·hs
+// (leading dimension ldq); keys/values row j of position j, head h at columns
+// h·hs (leading dimension ld_kv). out [n, C] is written. Same math as
+// attention_forward; the scores of one query row are summed in key order.
+void attention_decode(float* out, const float* q, int64_t ldq, const float* keys, const float* values,
+                      int64_t ld_kv, int n, int pos, int C, int NH);
 
 // ---- Softmax + cross-entropy ------------------------------------------------------
 // Rows of logits [N, Vp]; only the first V columns are real classes (columns

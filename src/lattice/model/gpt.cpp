@@ -1,5 +1,7 @@
 #include "lattice/model/gpt.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 
@@ -128,7 +130,11 @@ static int64_t carve_grads(Slot* s, float* base, const ModelConfig& c, int64_t N
   return cv.used(base);
 }
 
-GPT::GPT(const ModelConfig& config, uint64_t seed) : config_(config) {
+GPT::GPT(const ModelConfig& config, uint64_t seed) : GPT(Build{}, config, &seed) {}
+
+GPT::GPT(const ModelConfig& config, NoInit) : GPT(Build{}, config, nullptr) {}
+
+GPT::GPT(Build, const ModelConfig& config, const uint64_t* seed) : config_(config) {
   config_.validate();
   const int64_t C = config_.n_embd, L = config_.n_layer, Vp = config_.padded_vocab();
   // GPT-2 initialisation: weights N(0, 0.02²); the projections that write into
@@ -185,7 +191,7 @@ GPT::GPT(const ModelConfig& config, uint64_t seed) : config_(config) {
 
   for (ParamGroup& g : groups_) {
     g.allocate();
-    g.initialize(seed);
+    if (seed) g.initialize(*seed);
   }
 }
 
@@ -321,6 +327,109 @@ const float* GPT::last_logits(const int32_t* inputs, int B, int T) {
   k::gemm(false, true, B, Vp, C, 1.0f, s.lnf + static_cast<int64_t>(T - 1) * C, static_cast<int64_t>(T) * C,
           embedding_group().param(kWte), C, 0.0f, s.logits, Vp);
   return s.logits;
+}
+
+// ------------------------------------------------------------------ decode --
+
+struct DecodeState {
+  int pos = 0;
+  int64_t window_start = 0;      // next_logits(): context index of position 0
+  std::vector<int32_t> tokens;   // next_logits(): the tokens of positions [0, pos)
+  // Layer l: keys [seq_len, C], then values [seq_len, C].
+  Buffer cache;
+  // One chunk of up to seq_len new positions.
+  Buffer work;
+  float *x, *ln, *mean, *rstd, *qkv, *atty, *res, *fch, *fch_gelu, *logits;
+};
+
+// The chunk buffers of decode(), for up to seq_len rows (sizes only when d is null).
+static int64_t carve_decode(DecodeState* d, float* base, const ModelConfig& c) {
+  const int64_t rows = c.seq_len, C = c.n_embd;
+  Carver cv(base);
+  float* x = cv.take(rows * C);
+  float* ln = cv.take(rows * C);
+  float* mean = cv.take(rows);
+  float* rstd = cv.take(rows);
+  float* qkv = cv.take(rows * 3 * C);
+  float* atty = cv.take(rows * C);
+  float* res = cv.take(rows * C);
+  float* fch = cv.take(rows * 4 * C);
+  float* fch_gelu = cv.take(rows * 4 * C);
+  float* logits = cv.take(c.padded_vocab());
+  if (d) {
+    d->x = x, d->ln = ln, d->mean = mean, d->rstd = rstd, d->qkv = qkv, d->atty = atty, d->res = res;
+    d->fch = fch, d->fch_gelu = fch_gelu, d->logits = logits;
+  }
+  return cv.used(base);
+}
+
+void GPT::decode_reset() {
+  if (decode_) decode_->pos = 0, decode_->tokens.clear();
+}
+
+int GPT::decode_position() const { return decode_ ? decode_->pos : 0; }
+
+const float* GPT::next_logits(const int32_t* context, int64_t n) {
+  LATTICE_CHECK(n >= 1, "next_logits needs a context of at least one token");
+  const int64_t start = n - std::min<int64_t>(n, config_.seq_len);
+  // Reuse the cache only if it holds exactly context[start, start + pos) and
+  // there is at least one new token (the last logits are not kept).
+  const bool reuse = decode_ && decode_->window_start == start && decode_->pos < n - start &&
+                     std::equal(decode_->tokens.begin(), decode_->tokens.begin() + decode_->pos, context + start);
+  if (!reuse) decode_reset();
+  const int cached = decode_position();
+  const float* logits = decode(context + start + cached, static_cast<int>(n - start - cached));
+  decode_->window_start = start;
+  decode_->tokens.assign(context + start, context + n);
+  return logits;
+}
+
+const float* GPT::decode(const int32_t* tokens, int n) {
+  const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer, T = config_.seq_len;
+  const int Vp = config_.padded_vocab();
+  if (!decode_) {
+    decode_ = std::make_unique<DecodeState>();
+    decode_->cache = Buffer(sizeof(float) * 2 * static_cast<size_t>(L) * T * C, MemCategory::Activations);
+    decode_->work = Buffer(sizeof(float) * carve_decode(nullptr, nullptr, config_), MemCategory::Activations);
+    carve_decode(decode_.get(), decode_->work.as<float>(), config_);
+  }
+  DecodeState& d = *decode_;
+  LATTICE_CHECK(n >= 1, "decode needs at least one token, got " << n);
+  LATTICE_CHECK(d.pos + n <= T, "decode: positions " << d.pos << ".." << d.pos + n - 1
+                                                     << " do not fit the model's seq_len " << T
+                                                     << " (decode_reset() starts over)");
+  check_ids("token", tokens, n, config_.vocab_size);
+  ParamGroup& e = embedding_group();
+  // x = wte[tokens] + wpe[pos .. pos + n)
+  k::embedding_forward(d.x, tokens, e.param(kWte), e.param(kWpe) + static_cast<int64_t>(d.pos) * C, 1, n, C);
+  for (int l = 0; l < L; l++) {
+    ParamGroup& g = block_group(l);
+    float* keys = d.cache.as<float>() + static_cast<int64_t>(l) * 2 * T * C;
+    float* values = keys + static_cast<int64_t>(T) * C;
+    // The same block as forward_body, on n rows; the new keys and values join the cache first.
+    k::layernorm_forward(d.ln, d.mean, d.rstd, d.x, g.param(kLn1W), g.param(kLn1B), n, C);
+    k::linear_forward(d.qkv, d.ln, g.param(kAttnW), g.param(kAttnB), n, C, 3 * C);
+    for (int i = 0; i < n; i++) {
+      const float* row = d.qkv + static_cast<int64_t>(i) * 3 * C;
+      std::memcpy(keys + static_cast<int64_t>(d.pos + i) * C, row + C, sizeof(float) * C);
+      std::memcpy(values + static_cast<int64_t>(d.pos + i) * C, row + 2 * C, sizeof(float) * C);
+    }
+    k::attention_decode(d.atty, d.qkv, 3 * C, keys, values, C, n, d.pos, C, NH);
+    k::linear_forward(d.res, d.atty, g.param(kAttnProjW), g.param(kAttnProjB), n, C, C);
+    k::add_inplace(d.res, d.x, static_cast<int64_t>(n) * C);
+    k::layernorm_forward(d.ln, d.mean, d.rstd, d.res, g.param(kLn2W), g.param(kLn2B), n, C);
+    k::linear_forward(d.fch, d.ln, g.param(kFcW), g.param(kFcB), n, C, 4 * C);
+    k::gelu_forward(d.fch_gelu, d.fch, static_cast<int64_t>(n) * 4 * C);
+    k::linear_forward(d.x, d.fch_gelu, g.param(kFcProjW), g.param(kFcProjB), n, 4 * C, C);
+    k::add_inplace(d.x, d.res, static_cast<int64_t>(n) * C);
+  }
+  // Logits of the last new position only.
+  ParamGroup& f = final_group();
+  k::layernorm_forward(d.ln, d.mean, d.rstd, d.x + static_cast<int64_t>(n - 1) * C, f.param(kLnfW), f.param(kLnfB),
+                       1, C);
+  k::gemm(false, true, 1, Vp, C, 1.0f, d.ln, C, e.param(kWte), C, 0.0f, d.logits, Vp);
+  d.pos += n;
+  return d.logits;
 }
 
 // ---------------------------------------------------------------- backward --

@@ -27,12 +27,18 @@
 
 namespace lattice::model {
 
-struct Slot;  // one micro-batch's activations (gpt.cpp)
+struct Slot;         // one micro-batch's activations (gpt.cpp)
+struct DecodeState;  // the key/value cache of decode() (gpt.cpp)
 
 class GPT {
  public:
   // Declares, allocates and initialises every parameter from (seed, name, index).
   GPT(const ModelConfig& config, uint64_t seed);
+  // For a caller that loads every parameter from a file next: allocates the
+  // parameters (zero) without drawing initial values, which takes seconds at
+  // GPT-2 124M for nothing.
+  struct NoInit {};
+  GPT(const ModelConfig& config, NoInit);
   ~GPT();
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
@@ -67,6 +73,22 @@ class GPT {
   // The pointer is valid until the next call.
   const float* last_logits(const int32_t* inputs, int B, int T);
 
+  // Generation with a key/value cache, one sequence at a time. decode_reset()
+  // starts a new sequence; decode(tokens, n) runs the next n tokens (positions
+  // [decode_position(), decode_position() + n), at most seq_len in all)
+  // through the model, appends their keys and values to the cache and
+  // returns the logits [Vp] of the last of them, valid until the next call.
+  // These are last_logits() of the whole sequence up to float reassociation,
+  // at O(n) cost per call instead of O(sequence length).
+  void decode_reset();
+  const float* decode(const int32_t* tokens, int n);
+  int decode_position() const;
+  // Logits [Vp] of the token that follows context[0, n), as the model sees it:
+  // the most recent min(n, seq_len) tokens. Calls on a growing context reuse
+  // the cache (one new position per token); when the window slides, or the
+  // context is not an extension of the cached tokens, the window is recomputed.
+  const float* next_logits(const int32_t* context, int64_t n);
+
   // Marks every gradient stale (no memset): the next backward overwrites each
   // gradient on its first write and accumulates after (see ParamGroup::zero_grad).
   void zero_grad();
@@ -75,6 +97,8 @@ class GPT {
   size_t slot_bytes(int B, int T) const;
 
  private:
+  struct Build {};
+  GPT(Build, const ModelConfig& config, const uint64_t* seed);  // seed null: no init
   Slot& slot(int index, int B, int T);
   // Slot 0 when no micro-batch is in flight there, else a separate one.
   Slot& inference_slot(int B, int T);
@@ -93,6 +117,7 @@ class GPT {
   std::vector<ParamGroup> groups_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<Slot> eval_slot_;
+  std::unique_ptr<DecodeState> decode_;
 };
 
 }  // namespace lattice::model

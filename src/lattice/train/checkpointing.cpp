@@ -103,7 +103,7 @@ std::unique_ptr<model::GPT> load_model_for_inference(const std::string& path, in
     io::verify_checkpoint(step_dir);
     io::JsonValue meta = io::read_checkpoint_meta(step_dir);
     io::RunConfig cfg = io::parse_config_text(meta.at("config").as_string(), step_dir + "/meta.json config", {});
-    auto gpt = std::make_unique<model::GPT>(model_config_of(cfg.model), 0);
+    auto gpt = std::make_unique<model::GPT>(model_config_of(cfg.model), model::GPT::NoInit{});
     load_model_safetensors(*gpt, params_of(*gpt), (fs::path(step_dir) / "model.safetensors").string());
     return gpt;
   }
@@ -129,7 +129,7 @@ std::unique_ptr<model::GPT> load_model_for_inference(const std::string& path, in
       mc.n_head = n_head_hint;
     }
   }
-  auto gpt = std::make_unique<model::GPT>(mc, 0);
+  auto gpt = std::make_unique<model::GPT>(mc, model::GPT::NoInit{});
   load_model_safetensors(*gpt, params_of(*gpt), path);
   return gpt;
 }

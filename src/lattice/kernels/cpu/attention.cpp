@@ -231,4 +231,49 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   }
 }
 
+// One query row against keys [0, visible): scores into s, then out = softmax(s)·V.
+LATTICE_SIMD_CLONES
+void decode_row(float* out, const float* q, const float* keys, const float* values, int64_t ld_kv, int visible,
+                int hs, float scale, float* s) {
+  float m = -INFINITY;
+  for (int j = 0; j < visible; ++j) {
+    const float* k = keys + j * ld_kv;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int d = 0; d < hs; ++d) dot += q[d] * k[d];
+    s[j] = scale * dot;
+    m = s[j] > m ? s[j] : m;
+  }
+  float l = 0.0f;
+#pragma omp simd reduction(+ : l)
+  for (int j = 0; j < visible; ++j) {
+    s[j] = cpu::exp_nonpositive(s[j] - m);
+    l += s[j];
+  }
+  for (int d = 0; d < hs; ++d) out[d] = 0.0f;
+  for (int j = 0; j < visible; ++j) {
+    const float* v = values + j * ld_kv;
+    const float p = s[j];
+    for (int d = 0; d < hs; ++d) out[d] += p * v[d];
+  }
+  const float inv_l = 1.0f / l;
+  for (int d = 0; d < hs; ++d) out[d] *= inv_l;
+}
+
+void attention_decode(float* out, const float* q, int64_t ldq, const float* keys, const float* values,
+                      int64_t ld_kv, int n, int pos, int C, int NH) {
+  check_args(1, n, C, NH);
+  LATTICE_CHECK(pos >= 0, "attention_decode: position must be >= 0, got " << pos);
+  const int hs = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int64_t visible_max = static_cast<int64_t>(pos) + n;
+  float* scores = workspace(visible_max, omp_get_max_threads());
+#pragma omp parallel for schedule(dynamic, 1) if (static_cast<int64_t>(n) * NH * visible_max * hs > (1 << 16))
+  for (int64_t task = 0; task < static_cast<int64_t>(n) * NH; ++task) {
+    const int i = static_cast<int>(task / NH), h = static_cast<int>(task % NH);
+    decode_row(out + static_cast<int64_t>(i) * C + h * hs, q + i * ldq + h * hs, keys + h * hs, values + h * hs,
+               ld_kv, pos + i + 1, hs, scale, scores + omp_get_thread_num() * visible_max);
+  }
+}
+
 }  // namespace lattice::kernels
