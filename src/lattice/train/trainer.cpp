@@ -109,7 +109,11 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
 
   const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
   const uint64_t seed = static_cast<uint64_t>(config_.train.seed);
-  model_ = std::make_unique<model::GPT>(model_config_, seed);
+  // Resuming or starting from a model file overwrites every parameter (the
+  // loaders refuse a file that lacks one), so the initial values are not drawn.
+  const bool loads_every_param = !config_.checkpoint.resume.empty() || !config_.checkpoint.init_from.empty();
+  model_ = loads_every_param ? std::make_unique<model::GPT>(model_config_, model::GPT::NoInit{})
+                             : std::make_unique<model::GPT>(model_config_, seed);
   if (!config_.checkpoint.init_from.empty()) {
     load_model_safetensors(*model_, params_of(*model_), config_.checkpoint.init_from);
   }
