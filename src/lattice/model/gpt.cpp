@@ -249,6 +249,26 @@ static void check_ids(const char* what, const int32_t* ids, int64_t n, int vocab
   }
 }
 
+// One transformer block on N rows, from x into x_next (which may be x itself),
+// keeping its intermediates in a. `attend` fills a.atty from a.qkv: the
+// training forward's causal attention, or decode()'s cached attention.
+template <typename Attend>
+static void block_forward(ParamGroup& g, const LayerActs& a, const float* x, float* x_next, int64_t N, int C,
+                          Attend attend) {
+  // r = x + c_proj(Attn(c_attn(LN₁(x))))
+  k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, g.param(kLn1W), g.param(kLn1B), N, C);
+  k::linear_forward(a.qkv, a.ln1, g.param(kAttnW), g.param(kAttnB), N, C, 3 * C);
+  attend();
+  k::linear_forward(a.res1, a.atty, g.param(kAttnProjW), g.param(kAttnProjB), N, C, C);
+  k::add_inplace(a.res1, x, N * C);
+  // x' = r + c_proj(GELU(c_fc(LN₂(r))))
+  k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, g.param(kLn2W), g.param(kLn2B), N, C);
+  k::linear_forward(a.fch, a.ln2, g.param(kFcW), g.param(kFcB), N, C, 4 * C);
+  k::gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
+  k::linear_forward(x_next, a.fch_gelu, g.param(kFcProjW), g.param(kFcProjB), N, 4 * C, C);
+  k::add_inplace(x_next, a.res1, N * C);
+}
+
 void GPT::forward_body(Slot& s, const int32_t* inputs) {
   const int B = s.B, T = s.T, C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
   const int64_t N = static_cast<int64_t>(B) * T;
@@ -258,20 +278,9 @@ void GPT::forward_body(Slot& s, const int32_t* inputs) {
   // x₀ = wte[tokens] + wpe[0..T)
   k::embedding_forward(s.x[0], inputs, e.param(kWte), e.param(kWpe), B, T, C);
   for (int l = 0; l < L; l++) {
-    ParamGroup& g = block_group(l);
-    LayerActs& a = s.layers[l];
-    // r = x + c_proj(Attn(c_attn(LN₁(x))))
-    k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, s.x[l], g.param(kLn1W), g.param(kLn1B), N, C);
-    k::linear_forward(a.qkv, a.ln1, g.param(kAttnW), g.param(kAttnB), N, C, 3 * C);
-    k::attention_forward(a.atty, a.lse, a.qkv, B, T, C, NH);
-    k::linear_forward(a.res1, a.atty, g.param(kAttnProjW), g.param(kAttnProjB), N, C, C);
-    k::add_inplace(a.res1, s.x[l], N * C);
-    // x' = r + c_proj(GELU(c_fc(LN₂(r))))
-    k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, g.param(kLn2W), g.param(kLn2B), N, C);
-    k::linear_forward(a.fch, a.ln2, g.param(kFcW), g.param(kFcB), N, C, 4 * C);
-    k::gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
-    k::linear_forward(s.x[l + 1], a.fch_gelu, g.param(kFcProjW), g.param(kFcProjB), N, 4 * C, C);
-    k::add_inplace(s.x[l + 1], a.res1, N * C);
+    const LayerActs& a = s.layers[l];
+    block_forward(block_group(l), a, s.x[l], s.x[l + 1], N, C,
+                  [&] { k::attention_forward(a.atty, a.lse, a.qkv, B, T, C, NH); });
   }
   ParamGroup& f = final_group();
   k::layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.x[L], f.param(kLnfW), f.param(kLnfB), N, C);
@@ -332,14 +341,15 @@ const float* GPT::last_logits(const int32_t* inputs, int B, int T) {
 // ------------------------------------------------------------------ decode --
 
 struct DecodeState {
-  int pos = 0;
-  int64_t window_start = 0;      // next_logits(): context index of position 0
-  std::vector<int32_t> tokens;   // next_logits(): the tokens of positions [0, pos)
+  std::vector<int32_t> tokens;  // the tokens of cached positions [0, tokens.size())
+  int64_t window_start = 0;     // next_logits(): context index of position 0
   // Layer l: keys [seq_len, C], then values [seq_len, C].
   Buffer cache;
-  // One chunk of up to seq_len new positions.
+  // One chunk of up to seq_len new positions: the residual stream and one
+  // block's intermediates (reused by every layer; LN₁ and LN₂ share buffers).
   Buffer work;
-  float *x, *ln, *mean, *rstd, *qkv, *atty, *res, *fch, *fch_gelu, *logits;
+  float *x, *logits;
+  LayerActs block;
 };
 
 // The chunk buffers of decode(), for up to seq_len rows (sizes only when d is null).
@@ -347,40 +357,39 @@ static int64_t carve_decode(DecodeState* d, float* base, const ModelConfig& c) {
   const int64_t rows = c.seq_len, C = c.n_embd;
   Carver cv(base);
   float* x = cv.take(rows * C);
-  float* ln = cv.take(rows * C);
-  float* mean = cv.take(rows);
-  float* rstd = cv.take(rows);
-  float* qkv = cv.take(rows * 3 * C);
-  float* atty = cv.take(rows * C);
-  float* res = cv.take(rows * C);
-  float* fch = cv.take(rows * 4 * C);
-  float* fch_gelu = cv.take(rows * 4 * C);
+  LayerActs a;
+  a.ln1 = a.ln2 = cv.take(rows * C);
+  a.ln1_mean = a.ln2_mean = cv.take(rows);
+  a.ln1_rstd = a.ln2_rstd = cv.take(rows);
+  a.qkv = cv.take(rows * 3 * C);
+  a.atty = cv.take(rows * C);
+  a.lse = nullptr;  // not needed without a backward
+  a.res1 = cv.take(rows * C);
+  a.fch = cv.take(rows * 4 * C);
+  a.fch_gelu = cv.take(rows * 4 * C);
   float* logits = cv.take(c.padded_vocab());
-  if (d) {
-    d->x = x, d->ln = ln, d->mean = mean, d->rstd = rstd, d->qkv = qkv, d->atty = atty, d->res = res;
-    d->fch = fch, d->fch_gelu = fch_gelu, d->logits = logits;
-  }
+  if (d) d->x = x, d->logits = logits, d->block = a;
   return cv.used(base);
 }
 
 void GPT::decode_reset() {
-  if (decode_) decode_->pos = 0, decode_->tokens.clear();
+  if (decode_) decode_->tokens.clear();
 }
 
-int GPT::decode_position() const { return decode_ ? decode_->pos : 0; }
+int GPT::decode_position() const { return decode_ ? static_cast<int>(decode_->tokens.size()) : 0; }
 
 const float* GPT::next_logits(const int32_t* context, int64_t n) {
   LATTICE_CHECK(n >= 1, "next_logits needs a context of at least one token");
   const int64_t start = n - std::min<int64_t>(n, config_.seq_len);
-  // Reuse the cache only if it holds exactly context[start, start + pos) and
-  // there is at least one new token (the last logits are not kept).
-  const bool reuse = decode_ && decode_->window_start == start && decode_->pos < n - start &&
-                     std::equal(decode_->tokens.begin(), decode_->tokens.begin() + decode_->pos, context + start);
+  // Reuse the cache only if it holds a prefix of context[start, n) and there
+  // is at least one new token (the last logits are not kept).
+  const int64_t cached = decode_position();
+  const bool reuse = decode_ && decode_->window_start == start && cached < n - start &&
+                     std::equal(decode_->tokens.begin(), decode_->tokens.end(), context + start);
   if (!reuse) decode_reset();
-  const int cached = decode_position();
-  const float* logits = decode(context + start + cached, static_cast<int>(n - start - cached));
+  const int64_t from = start + (reuse ? cached : 0);
+  const float* logits = decode(context + from, static_cast<int>(n - from));
   decode_->window_start = start;
-  decode_->tokens.assign(context + start, context + n);
   return logits;
 }
 
@@ -394,41 +403,35 @@ const float* GPT::decode(const int32_t* tokens, int n) {
     carve_decode(decode_.get(), decode_->work.as<float>(), config_);
   }
   DecodeState& d = *decode_;
+  const int pos = decode_position();
   LATTICE_CHECK(n >= 1, "decode needs at least one token, got " << n);
-  LATTICE_CHECK(d.pos + n <= T, "decode: positions " << d.pos << ".." << d.pos + n - 1
-                                                     << " do not fit the model's seq_len " << T
-                                                     << " (decode_reset() starts over)");
+  LATTICE_CHECK(pos + n <= T, "decode: positions " << pos << ".." << pos + n - 1
+                                                   << " do not fit the model's seq_len " << T
+                                                   << " (decode_reset() starts over)");
   check_ids("token", tokens, n, config_.vocab_size);
   ParamGroup& e = embedding_group();
   // x = wte[tokens] + wpe[pos .. pos + n)
-  k::embedding_forward(d.x, tokens, e.param(kWte), e.param(kWpe) + static_cast<int64_t>(d.pos) * C, 1, n, C);
+  k::embedding_forward(d.x, tokens, e.param(kWte), e.param(kWpe) + static_cast<int64_t>(pos) * C, 1, n, C);
+  const LayerActs& a = d.block;
   for (int l = 0; l < L; l++) {
-    ParamGroup& g = block_group(l);
     float* keys = d.cache.as<float>() + static_cast<int64_t>(l) * 2 * T * C;
     float* values = keys + static_cast<int64_t>(T) * C;
-    // The same block as forward_body, on n rows; the new keys and values join the cache first.
-    k::layernorm_forward(d.ln, d.mean, d.rstd, d.x, g.param(kLn1W), g.param(kLn1B), n, C);
-    k::linear_forward(d.qkv, d.ln, g.param(kAttnW), g.param(kAttnB), n, C, 3 * C);
-    for (int i = 0; i < n; i++) {
-      const float* row = d.qkv + static_cast<int64_t>(i) * 3 * C;
-      std::memcpy(keys + static_cast<int64_t>(d.pos + i) * C, row + C, sizeof(float) * C);
-      std::memcpy(values + static_cast<int64_t>(d.pos + i) * C, row + 2 * C, sizeof(float) * C);
-    }
-    k::attention_decode(d.atty, d.qkv, 3 * C, keys, values, C, n, d.pos, C, NH);
-    k::linear_forward(d.res, d.atty, g.param(kAttnProjW), g.param(kAttnProjB), n, C, C);
-    k::add_inplace(d.res, d.x, static_cast<int64_t>(n) * C);
-    k::layernorm_forward(d.ln, d.mean, d.rstd, d.res, g.param(kLn2W), g.param(kLn2B), n, C);
-    k::linear_forward(d.fch, d.ln, g.param(kFcW), g.param(kFcB), n, C, 4 * C);
-    k::gelu_forward(d.fch_gelu, d.fch, static_cast<int64_t>(n) * 4 * C);
-    k::linear_forward(d.x, d.fch_gelu, g.param(kFcProjW), g.param(kFcProjB), n, 4 * C, C);
-    k::add_inplace(d.x, d.res, static_cast<int64_t>(n) * C);
+    // The new positions' keys and values join the cache, then attend to all of it.
+    block_forward(block_group(l), a, d.x, d.x, n, C, [&] {
+      for (int i = 0; i < n; i++) {
+        const float* row = a.qkv + static_cast<int64_t>(i) * 3 * C;
+        std::memcpy(keys + static_cast<int64_t>(pos + i) * C, row + C, sizeof(float) * C);
+        std::memcpy(values + static_cast<int64_t>(pos + i) * C, row + 2 * C, sizeof(float) * C);
+      }
+      k::attention_decode(a.atty, a.qkv, 3 * C, keys, values, C, n, pos, C, NH);
+    });
   }
   // Logits of the last new position only.
   ParamGroup& f = final_group();
-  k::layernorm_forward(d.ln, d.mean, d.rstd, d.x + static_cast<int64_t>(n - 1) * C, f.param(kLnfW), f.param(kLnfB),
-                       1, C);
-  k::gemm(false, true, 1, Vp, C, 1.0f, d.ln, C, e.param(kWte), C, 0.0f, d.logits, Vp);
-  d.pos += n;
+  k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, d.x + static_cast<int64_t>(n - 1) * C, f.param(kLnfW),
+                       f.param(kLnfB), 1, C);
+  k::gemm(false, true, 1, Vp, C, 1.0f, a.ln1, C, e.param(kWte), C, 0.0f, d.logits, Vp);
+  d.tokens.insert(d.tokens.end(), tokens, tokens + n);
   return d.logits;
 }
 
