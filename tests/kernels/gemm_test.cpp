@@ -60,6 +60,14 @@ void check_result(const GemmCase& g, const std::vector<float>& C, const std::vec
     }
 }
 
+// x rounded to bf16, and those bf16 values widened exactly, for the reference.
+void to_bf16(const std::vector<float>& x, std::vector<uint16_t>& x16, std::vector<double>& widened) {
+  x16.resize(x.size());
+  convert(x.data(), DType::F32, x16.data(), DType::BF16, x.size());
+  widened.resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) widened[i] = bf16_to_f32(x16[i]);
+}
+
 std::string describe(const GemmCase& g) {
   std::ostringstream s;
   s << (g.ta ? "T" : "N") << (g.tb ? "T" : "N") << " M=" << g.M << " N=" << g.N << " K=" << g.K << " lda=" << g.lda
@@ -118,12 +126,10 @@ TEST(Gemm, Bf16InputsMatchRoundedInputsInDouble) {
   uint64_t seed = 100;
   for (const GemmCase& g : cases()) {
     auto A = randn(a_size(g), seed++), B = randn(b_size(g), seed++), C0 = randn(c_size(g), seed++);
-    std::vector<uint16_t> A16(A.size()), B16(B.size());
-    convert(A.data(), DType::F32, A16.data(), DType::BF16, A.size());
-    convert(B.data(), DType::F32, B16.data(), DType::BF16, B.size());
-    std::vector<double> Ar(A.size()), Br(B.size());
-    for (size_t i = 0; i < A.size(); ++i) Ar[i] = bf16_to_f32(A16[i]);
-    for (size_t i = 0; i < B.size(); ++i) Br[i] = bf16_to_f32(B16[i]);
+    std::vector<uint16_t> A16, B16;
+    std::vector<double> Ar, Br;
+    to_bf16(A, A16, Ar);
+    to_bf16(B, B16, Br);
     auto want = test::to_double(C0);
     std::vector<double> mag;
     reference_gemm(g, Ar, Br, want, mag);
@@ -147,12 +153,10 @@ TEST(Gemm, Bf16LargerThanOneBlock) {
     g.lda = (ta ? g.M : g.K) + 1, g.ldb = (tb ? g.K : g.N) + 1, g.ldc = g.N + 1;
     auto A = randn(a_size(g), 300), B = randn(b_size(g), 301), C = randn(c_size(g), 302);
     const auto C_before = C;
-    std::vector<uint16_t> A16(A.size()), B16(B.size());
-    convert(A.data(), DType::F32, A16.data(), DType::BF16, A.size());
-    convert(B.data(), DType::F32, B16.data(), DType::BF16, B.size());
-    std::vector<double> Ar(A.size()), Br(B.size());
-    for (size_t i = 0; i < A.size(); ++i) Ar[i] = bf16_to_f32(A16[i]);
-    for (size_t i = 0; i < B.size(); ++i) Br[i] = bf16_to_f32(B16[i]);
+    std::vector<uint16_t> A16, B16;
+    std::vector<double> Ar, Br;
+    to_bf16(A, A16, Ar);
+    to_bf16(B, B16, Br);
     auto want = test::to_double(C);
     std::vector<double> mag;
     reference_gemm(g, Ar, Br, want, mag);

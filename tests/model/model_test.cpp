@@ -416,6 +416,15 @@ TEST(GPT, ZeroGradOverwritesOnFirstWriteThenAccumulates) {
 
 namespace {
 
+// The cached logits `got` (copied out) against last_logits() of the T tokens
+// ending at context + end.
+void expect_logits_of(GPT& gpt, const std::vector<float>& got, const int32_t* context, int64_t end, int T,
+                      const std::string& what) {
+  const float* want = gpt.last_logits(context + end - T, 1, T);
+  for (int v = 0; v < gpt.config().vocab_size; v++)
+    ASSERT_NEAR(got[v], want[v], 1e-5f + 1e-5f * std::fabs(want[v])) << what << " end=" << end << " v=" << v;
+}
+
 // decode() with its key/value cache gives last_logits() of the whole sequence,
 // whether the prompt goes in at once or token by token, and refuses to run
 // past seq_len.
@@ -425,20 +434,12 @@ TEST(GPT, DecodeMatchesFullForward) {
   GPT gpt(c, 5);
   const auto seq = random_tokens(12, c.vocab_size, 8);
   const int Vp = c.padded_vocab();
-  auto expect_logits = [&](const float* got, int T, const char* what) {
-    const float* want = gpt.last_logits(seq.data(), 1, T);
-    for (int v = 0; v < c.vocab_size; v++)
-      ASSERT_NEAR(got[v], want[v], 1e-5f + 1e-5f * std::fabs(want[v])) << what << " T=" << T << " v=" << v;
+  auto check = [&](const float* l, int T, const char* what) {
+    expect_logits_of(gpt, std::vector<float>(l, l + Vp), seq.data(), T, T, what);
   };
   gpt.decode_reset();
-  const float* l = gpt.decode(seq.data(), 4);  // a 4-token prompt at once
-  std::vector<float> first(l, l + Vp);
-  expect_logits(first.data(), 4, "prompt");
-  for (int t = 4; t < 12; t++) {
-    l = gpt.decode(&seq[t], 1);
-    std::vector<float> step(l, l + Vp);
-    expect_logits(step.data(), t + 1, "one token");
-  }
+  check(gpt.decode(seq.data(), 4), 4, "prompt");  // a 4-token prompt at once
+  for (int t = 4; t < 12; t++) check(gpt.decode(&seq[t], 1), t + 1, "one token");
   EXPECT_EQ(gpt.decode_position(), 12);
   try {
     gpt.decode(&seq[0], 1);
@@ -448,11 +449,7 @@ TEST(GPT, DecodeMatchesFullForward) {
   }
   // A new sequence token by token from the start.
   gpt.decode_reset();
-  for (int t = 0; t < 12; t++) {
-    l = gpt.decode(&seq[t], 1);
-    std::vector<float> step(l, l + Vp);
-    expect_logits(step.data(), t + 1, "from the start");
-  }
+  for (int t = 0; t < 12; t++) check(gpt.decode(&seq[t], 1), t + 1, "from the start");
 }
 
 }  // namespace
@@ -469,11 +466,8 @@ TEST(GPT, NextLogitsSlidesTheWindow) {
   const int Vp = c.padded_vocab();
   auto check = [&](const std::vector<int32_t>& context, int64_t n) {
     const float* l = gpt.next_logits(context.data(), n);
-    std::vector<float> got(l, l + Vp);
-    const int T = static_cast<int>(std::min<int64_t>(n, c.seq_len));
-    const float* want = gpt.last_logits(context.data() + n - T, 1, T);
-    for (int v = 0; v < c.vocab_size; v++)
-      ASSERT_NEAR(got[v], want[v], 1e-5f + 1e-5f * std::fabs(want[v])) << "n=" << n << " v=" << v;
+    expect_logits_of(gpt, std::vector<float>(l, l + Vp), context.data(), n,
+                     static_cast<int>(std::min<int64_t>(n, c.seq_len)), "next_logits");
   };
   for (int64_t n = 3; n <= 20; n++) check(ctx, n);  // a 3-token prompt, then one token at a time
   auto other = ctx;
