@@ -100,24 +100,24 @@ for row in "${ROWS[@]}"; do
   read -r name L H C V B T <<< "$row"
   keep_row "$name" || continue
   for n in $THREADS; do
-   for ((rep = 1; rep <= REPEAT; rep++)); do
-    run_tag=$([[ $REPEAT -gt 1 ]] && echo " (run $rep/$REPEAT)" || true)
-    if [[ $RUN_PYTORCH == 1 ]]; then
-      echo "== $name threads=$n: pytorch$run_tag" >&2
-      out=$("$PYTHON" bench/torch_gpt2_bench.py --n-layer "$L" --n-head "$H" --n-embd "$C" --vocab "$V" \
-              --batch "$B" --seq "$T" --threads "$n" --steps "$STEPS" --warmup "$WARMUP" | json_line) || true
-      [[ -n "$out" ]] || echo "   pytorch run failed" >&2
-      record "$name" "$n" pytorch "$out"
-    fi
-    if [[ $RUN_LATTICE == 1 ]]; then
-      echo "== $name threads=$n: lattice$run_tag" >&2
-      out=$("$LATTICE_BIN" bench train --set model.n_layer="$L" --set model.n_head="$H" --set model.n_embd="$C" \
-              --set model.vocab_size="$V" --set model.seq_len="$T" --set train.micro_batch_size="$B" \
-              --set train.threads="$n" --steps "$STEPS" --warmup "$WARMUP" --json | json_line) || true
-      [[ -n "$out" ]] || echo "   lattice run failed" >&2
-      record "$name" "$n" lattice "$out"
-    fi
-   done
+    for ((rep = 1; rep <= REPEAT; rep++)); do
+      run_tag=$([[ $REPEAT -gt 1 ]] && echo " (run $rep/$REPEAT)" || true)
+      if [[ $RUN_PYTORCH == 1 ]]; then
+        echo "== $name threads=$n: pytorch$run_tag" >&2
+        out=$("$PYTHON" bench/torch_gpt2_bench.py --n-layer "$L" --n-head "$H" --n-embd "$C" --vocab "$V" \
+                --batch "$B" --seq "$T" --threads "$n" --steps "$STEPS" --warmup "$WARMUP" | json_line) || true
+        [[ -n "$out" ]] || echo "   pytorch run failed" >&2
+        record "$name" "$n" pytorch "$out"
+      fi
+      if [[ $RUN_LATTICE == 1 ]]; then
+        echo "== $name threads=$n: lattice$run_tag" >&2
+        out=$("$LATTICE_BIN" bench train --set model.n_layer="$L" --set model.n_head="$H" --set model.n_embd="$C" \
+                --set model.vocab_size="$V" --set model.seq_len="$T" --set train.micro_batch_size="$B" \
+                --set train.threads="$n" --steps "$STEPS" --warmup "$WARMUP" --json | json_line) || true
+        [[ -n "$out" ]] || echo "   lattice run failed" >&2
+        record "$name" "$n" lattice "$out"
+      fi
+    done
   done
 done
 
