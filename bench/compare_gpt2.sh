@@ -3,6 +3,7 @@
 #
 #   bench/compare_gpt2.sh [--quick] [--threads "1 2"] [--rows FILTER] [--steps S] [--warmup W]
 #                         [--repeat R] [--skip-lattice] [--skip-pytorch] [--out results.jsonl]
+#                         [--coretype NAME] [--recalibrate]
 #
 # Rows (V = 50257):
 #   gpt2-124M-B4-T64     L=12 C=768 H=12  B=4 T=64
@@ -15,21 +16,42 @@
 # machine other tenants only ever slow a run down, so the best of several
 # interleaved runs is the fairest estimate of each side's speed, and the range
 # shows how noisy the machine was.
+# --quick: 2 timed steps after 1 warm-up (default 5 after 2).
+# --out appends every run's JSON line (with "row" and "threads") to a file.
 #
 # One step = forward + backward + AdamW, fp32, no gradient accumulation.
-# PyTorch side: bench/torch_gpt2_bench.py (re-execs itself with
-# OPENBLAS_CORETYPE=SkylakeX etc.; see its docstring).
+#
+# PyTorch side: bench/torch_gpt2_bench.py, at its best on the CPU at hand.
+# First, once per thread count, bench/torch_blas.py makes torch run on
+# OpenBLAS (installing python3-torch and libopenblas0-pthread with apt-get
+# when missing, and pointing the libblas.so.3 alternative at OpenBLAS) and
+# picks OpenBLAS's core type by timing the ones the CPU's flags allow
+# (SkylakeX, Cooperlake, Haswell, Zen) on GPT-2 GEMMs; the choice is cached in
+# ~/.cache/lattice/openblas_coretype.json. --coretype NAME forces a core type,
+# --recalibrate measures again. If torch cannot run on OpenBLAS the script
+# stops there: no ratio is printed against the reference BLAS. Each PyTorch run
+# then refuses to time itself unless OpenBLAS runs the chosen core at the
+# requested threads and a GEMM reaches a sane rate, runs with
+# OMP_WAIT_POLICY=PASSIVE (libgomp's spinning threads otherwise take the cores
+# from OpenBLAS's: 1.3-1.6x slower at 2 threads), and reports the threads that
+# really ran (CPU time / wall time) — see its docstring.
+#
 # lattice side: $LATTICE_BIN (default build/lattice) bench train --set ... --json,
 # which prints one JSON line {"impl":"lattice","tokens_per_sec","step_ms","model_flops_per_sec",...}.
 # Both count model FLOPs per token as 6*N + 12*L*C*T (N = all parameters but
-# the position embedding, tied embedding once); % of peak uses 175 GFLOP/s per core (measured fp32 GEMM peak
-# of this machine) times the thread count.
+# the position embedding, tied embedding once).
+#
+# % of peak: fp32 peak per core times the thread count. The peak per core is
+# measured at the start by "$LATTICE_BIN bench peak --json"; where that is not
+# available, $LATTICE_PEAK_GFLOPS_PER_CORE (GFLOP/s) is used if set, else
+# % peak is n/a. The table's header names the CPU, its ISA, the peak and where
+# it came from, and the OpenBLAS core type chosen per thread count; its rows
+# give the core type each PyTorch run used and the threads it observed.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-/usr/bin/python3}
 LATTICE_BIN=${LATTICE_BIN:-build/lattice}
-PEAK_PER_CORE=175e9
 THREADS="1 2"
 ROWS_FILTER=""
 STEPS=""
@@ -39,6 +61,8 @@ REPEAT=1
 RUN_LATTICE=1
 RUN_PYTORCH=1
 OUT=""
+CORETYPE=""
+RECALIBRATE=0
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 while [[ $# -gt 0 ]]; do
@@ -52,6 +76,8 @@ while [[ $# -gt 0 ]]; do
     --skip-lattice) RUN_LATTICE=0 ;;
     --skip-pytorch) RUN_PYTORCH=0 ;;
     --out) OUT="$2"; shift ;;
+    --coretype) CORETYPE="$2"; shift ;;
+    --recalibrate) RECALIBRATE=1 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "compare_gpt2.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -59,6 +85,12 @@ while [[ $# -gt 0 ]]; do
 done
 if ! [[ "$REPEAT" =~ ^[1-9][0-9]*$ ]]; then
   echo "compare_gpt2.sh: --repeat needs a positive integer, got '$REPEAT'" >&2
+  exit 2
+fi
+if [[ -n "${LATTICE_PEAK_GFLOPS_PER_CORE:-}" ]] &&
+   ! [[ "$LATTICE_PEAK_GFLOPS_PER_CORE" =~ ^[0-9]+([.][0-9]*)?$ && "$LATTICE_PEAK_GFLOPS_PER_CORE" != 0* ]]; then
+  echo "compare_gpt2.sh: LATTICE_PEAK_GFLOPS_PER_CORE must be a positive number of GFLOP/s, got" \
+       "'$LATTICE_PEAK_GFLOPS_PER_CORE'" >&2
   exit 2
 fi
 if [[ -z "$STEPS" ]]; then STEPS=$([[ $QUICK == 1 ]] && echo 2 || echo 5); fi
@@ -84,8 +116,21 @@ if [[ $RUN_LATTICE == 1 && ! -x "$LATTICE_BIN" ]]; then
   exit 2
 fi
 
+# A fresh Debian machine may have no Python yet; python3-torch brings it (and torch).
+if [[ ! -x "$PYTHON" && "$PYTHON" == /usr/bin/python3 ]]; then
+  sudo=""; [[ $(id -u) == 0 ]] || sudo=sudo
+  echo "compare_gpt2.sh: $PYTHON missing, installing python3-torch" >&2
+  apt_install=($sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=1200)
+  "${apt_install[@]}" python3-torch >/dev/null || { $sudo apt-get update -qq && "${apt_install[@]}" python3-torch >/dev/null; }
+fi
+if [[ ! -x "$PYTHON" ]]; then
+  echo "compare_gpt2.sh: $PYTHON not found (set PYTHON)" >&2
+  exit 2
+fi
+
 results=$(mktemp)
-trap 'rm -f "$results"' EXIT
+peak_err=$(mktemp)
+trap 'rm -f "$results" "$peak_err"' EXIT
 
 # Last line of stdout that is a JSON object with an "impl" key, or nothing.
 json_line() { grep -E '^\{.*"impl"' | tail -n 1 || true; }
@@ -96,6 +141,40 @@ record() {  # row threads impl json-or-empty
   printf '%s\t%s\t%s\n' "$row" "$threads" "$json" >> "$results"
 }
 
+# The machine's fp32 GEMM peak, measured by lattice itself.
+PEAK_JSON=""
+PEAK_NOTE=""
+if [[ -x "$LATTICE_BIN" ]]; then
+  echo "== peak: $LATTICE_BIN bench peak --json" >&2
+  PEAK_JSON=$("$LATTICE_BIN" bench peak --json 2>"$peak_err" | json_line) || true
+  if [[ -z "$PEAK_JSON" ]]; then
+    PEAK_NOTE="$LATTICE_BIN bench peak gave no result ($(grep -v '^[[:space:]]*$' "$peak_err" | head -n 1 || true))"
+    echo "   $PEAK_NOTE" >&2
+  else
+    peak_threads=$(grep -o '"threads":[0-9]*' <<< "$PEAK_JSON" | grep -o '[0-9]*$' || echo 0)
+    record _peak "$peak_threads" lattice-peak "$PEAK_JSON"
+  fi
+else
+  PEAK_NOTE="$LATTICE_BIN not built, so no bench peak"
+fi
+
+# OpenBLAS for PyTorch, once per thread count (later runs read the cached core type).
+BENCH_BLAS_ARGS=()
+if [[ -n "$CORETYPE" ]]; then BENCH_BLAS_ARGS+=(--coretype "$CORETYPE"); fi
+if [[ $RUN_PYTORCH == 1 ]]; then
+  setup_args=("${BENCH_BLAS_ARGS[@]}")
+  if [[ $RECALIBRATE == 1 ]]; then setup_args+=(--recalibrate); fi
+  for n in $THREADS; do
+    echo "== OpenBLAS for pytorch, threads=$n" >&2
+    if ! setup=$("$PYTHON" bench/torch_blas.py --threads "$n" "${setup_args[@]}" | json_line) || [[ -z "$setup" ]]; then
+      echo "compare_gpt2.sh: PyTorch cannot run on OpenBLAS with $n thread(s) here (see above); no ratio" \
+           "against a crippled reference. Fix that, or pass --skip-pytorch." >&2
+      exit 1
+    fi
+    record _setup "$n" torch-blas "$setup"
+  done
+fi
+
 for row in "${ROWS[@]}"; do
   read -r name L H C V B T <<< "$row"
   keep_row "$name" || continue
@@ -105,7 +184,8 @@ for row in "${ROWS[@]}"; do
       if [[ $RUN_PYTORCH == 1 ]]; then
         echo "== $name threads=$n: pytorch$run_tag" >&2
         out=$("$PYTHON" bench/torch_gpt2_bench.py --n-layer "$L" --n-head "$H" --n-embd "$C" --vocab "$V" \
-                --batch "$B" --seq "$T" --threads "$n" --steps "$STEPS" --warmup "$WARMUP" | json_line) || true
+                --batch "$B" --seq "$T" --threads "$n" --steps "$STEPS" --warmup "$WARMUP" \
+                "${BENCH_BLAS_ARGS[@]}" | json_line) || true
         [[ -n "$out" ]] || echo "   pytorch run failed" >&2
         record "$name" "$n" pytorch "$out"
       fi
@@ -132,19 +212,44 @@ with open(sys.argv[1]) as f, open(sys.argv[2], "a") as out:
 EOF
 fi
 
-"$PYTHON" - "$results" "$PEAK_PER_CORE" "$STEPS" "$WARMUP" "$REPEAT" <<'EOF'
-import json, sys
-path, peak_per_core, steps, warmup, repeat = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
-table = {}
-order = []
+"$PYTHON" - "$results" "$STEPS" "$WARMUP" "$REPEAT" "$PEAK_NOTE" "${LATTICE_PEAK_GFLOPS_PER_CORE:-}" <<'EOF'
+import json, os, sys
+sys.path.insert(0, "bench")
+import torch_blas
+
+path, steps, warmup, repeat, peak_note, peak_env = sys.argv[1:7]
+repeat = int(repeat)
+table, order, setup, peak = {}, [], {}, None
 for line in open(path):
     row, threads, js = line.rstrip("\n").split("\t", 2)
     d = json.loads(js)
+    if row == "_peak":
+        peak = d
+        continue
+    if row == "_setup":
+        setup[int(threads)] = d
+        continue
     key = (row, int(threads))
     if key not in table:
         table[key] = {}
         order.append(key)
     table[key].setdefault(d.get("impl", "?"), []).append(d)
+
+# The peak per core: lattice's measurement, else the environment's, else none (never a constant).
+cpu = torch_blas.cpu_identity()
+cpu_name = (peak or {}).get("cpu") or cpu["model_name"]
+isa = (peak or {}).get("isa") or cpu["isa"] + ("+avx512_bf16" if cpu["bf16"] else "")
+if (peak or {}).get("dnnl_isa"):
+    isa += f" (oneDNN {peak['dnnl_isa']})"
+peak_per_core, peak_src = None, None
+if peak and (peak.get("fp32_gflops_per_core") or 0) > 0:
+    peak_per_core = peak["fp32_gflops_per_core"] * 1e9
+    peak_src = "measured by lattice bench peak" + (f" at {peak['threads']} threads" if peak.get("threads") else "")
+    if peak.get("bf16_gflops_per_core"):
+        peak_src += f"; bf16 {peak['bf16_gflops_per_core']:.1f}"
+elif peak_env:
+    peak_per_core = float(peak_env) * 1e9
+    peak_src = "from LATTICE_PEAK_GFLOPS_PER_CORE" + (f"; {peak_note}" if peak_note else "")
 
 def tps(d):
     return d.get("tokens_per_sec") if d and not d.get("failed") else None
@@ -161,11 +266,22 @@ def fmt(x, spec):
     width = int(spec.split(".")[0])
     return format(x, spec) if x is not None else "n/a".rjust(width)
 
+print(f"\nCPU: {cpu_name} ({cpu['vendor']} family {cpu['family']} model {cpu['model']}), ISA {isa}")
+if peak_per_core:
+    print(f"peak: {peak_per_core / 1e9:.1f} GFLOP/s fp32 per core x threads ({peak_src})")
+else:
+    print(f"peak: n/a, so % peak is n/a ({peak_note or 'lattice bench peak gave no result'}; "
+          "set LATTICE_PEAK_GFLOPS_PER_CORE to use a known figure)")
+for n, d in sorted(setup.items()):
+    rates = ", ".join(f"{'auto=' + str(d.get('openblas_auto_core')) if c == 'auto' else c} {g:.0f}"
+                      for c, g in d.get("openblas_coretype_gflops", {}).items())
+    print(f"pytorch {n} thread(s): OpenBLAS core type {d['openblas_coretype']} ({d['openblas_coretype_source']}; "
+          f"GEMM GFLOP/s {rates}), {d.get('blas_library')}")
+print(f"steps={steps} warmup={warmup} repeat={repeat}" + (" (best run of each side; range over runs)" if repeat > 1 else "") +
+      "; model FLOPs/token = 6N + 12*L*C*T; pt core / pt thr = the PyTorch run's OpenBLAS core type and the threads "
+      "it observed (CPU time / wall time)")
 hdr = (f"{'config':<20} {'thr':>3} {'lattice tok/s':>13} {'pytorch tok/s':>13} {'ratio':>6} "
-       f"{'lattice GFLOP/s':>15} {'% peak':>6} {'pytorch GFLOP/s':>15} {'% peak':>6}")
-print(f"\nsteps={steps} warmup={warmup} repeat={repeat}" + (" (best run of each side; range over runs)" if repeat > 1 else "") +
-      f"; peak = {peak_per_core/1e9:.0f} GFLOP/s per core x threads; "
-      f"model FLOPs/token = 6N + 12*L*C*T")
+       f"{'lattice GFLOP/s':>15} {'% peak':>6} {'pytorch GFLOP/s':>15} {'% peak':>6} {'pt core':>10} {'pt thr':>6}")
 print(hdr)
 print("-" * len(hdr))
 for key in order:
@@ -173,12 +289,15 @@ for key in order:
     (lat, lat_range), (pt, pt_range) = best(table[key].get("lattice")), best(table[key].get("pytorch"))
     lt, ptt = tps(lat), tps(pt)
     ratio = lt / ptt if lt and ptt else None
-    peak = peak_per_core * n
+    peak_n = peak_per_core * n if peak_per_core else None
     lf = lat.get("model_flops_per_sec") if lt else None
     pf = pt.get("model_flops_per_sec") if ptt else None
+    pct = lambda f: 100 * f / peak_n if f and peak_n else None
+    core = (pt or {}).get("openblas_coretype") or "n/a"
     print(f"{row:<20} {n:>3} {fmt(lt, '13.1f')} {fmt(ptt, '13.1f')} {fmt(ratio, '6.2f')} "
-          f"{fmt(lf / 1e9 if lf else None, '15.1f')} {fmt(100 * lf / peak if lf else None, '6.1f')} "
-          f"{fmt(pf / 1e9 if pf else None, '15.1f')} {fmt(100 * pf / peak if pf else None, '6.1f')}")
+          f"{fmt(lf / 1e9 if lf else None, '15.1f')} {fmt(pct(lf), '6.1f')} "
+          f"{fmt(pf / 1e9 if pf else None, '15.1f')} {fmt(pct(pf), '6.1f')} "
+          f"{core:>10} {fmt((pt or {}).get('threads_observed'), '6.2f')}")
     if repeat > 1:
         rng = lambda r: f"{r[0]:.1f}-{r[1]:.1f}" if r else "n/a"
         print(f"{'':<20} {'':>3} tok/s ranges: lattice {rng(lat_range)}, pytorch {rng(pt_range)}")

@@ -21,15 +21,55 @@ Model FLOPs per token (nanoGPT / PaLM convention, no causal discount):
   per token forward, x3 for forward + backward.
 model_flops_per_sec = flops_per_token * tokens_per_sec.
 
-PyTorch at its best on this machine: torch's BLAS here is Debian's OpenBLAS
-0.3.21 (DYNAMIC_ARCH), which detects this CPU (Xeon, family 6 model 207) as
-Prescott and runs sgemm at ~30 GFLOP/s/core instead of ~145 with the AVX-512
-SkylakeX kernels. So the script re-executes itself with OPENBLAS_CORETYPE
-(default SkylakeX, --coretype to change), OPENBLAS_NUM_THREADS and
-OMP_NUM_THREADS = --threads, and OPENBLAS_L2_SIZE = this CPU's per-core L2 in
-bytes (0.3.21 does not read that variable; it is set so that a value left in
-the environment for other tools does not describe another CPU). These apply to
-this benchmark's process only. The JSON reports the OpenBLAS core it got.
+PyTorch at its best on the CPU at hand (bench/torch_blas.py does the setup;
+its docstring says why each step is needed):
+  - torch must run on OpenBLAS, not Debian's reference libblas.so.3 (one
+    thread, ~8 GFLOP/s): libopenblas0-pthread (and python3-torch) are
+    installed with apt-get when missing and the libblas.so.3 alternative is
+    pointed at OpenBLAS. If torch still does not map OpenBLAS, the script exits
+    1 and prints no result.
+  - OpenBLAS 0.3.21's own kernel pick misreads CPUs newer than it (Emerald
+    Rapids came out as Prescott), so OPENBLAS_CORETYPE is chosen by timing
+    the candidates the CPU's flags allow (SkylakeX, Cooperlake with
+    avx512_bf16, Haswell, Zen) on GPT-2's MLP GEMMs at --threads threads, and
+    the fastest is cached per CPU and thread count in
+    ~/.cache/lattice/openblas_coretype.json. --coretype NAME forces one,
+    --recalibrate measures again.
+The script then re-executes itself with OPENBLAS_CORETYPE, OPENBLAS_NUM_THREADS
+and OMP_NUM_THREADS = --threads, OMP_WAIT_POLICY=PASSIVE (unless the
+environment sets it), and OPENBLAS_L2_SIZE = this CPU's per-core L2 in bytes
+(0.3.21 does not read that variable; it is set so that a value left in the
+environment for other tools does not describe another CPU). These apply to
+this benchmark's process only.
+Why PASSIVE: torch's own ops run on libgomp's threads and its GEMMs on
+libopenblas0-pthread's, two pools that each spin-wait after their work. With
+as many threads as cores, the idle pool's spinning takes the cores the busy
+one needs: at 2 threads on a 2-core Zen 5 VM, the L6-C384-B8-T256 row ran at
+625-700 tokens/s with libgomp spinning (its default) and 830-960 passive, and
+gpt2-124M-B4-T64 at 106-133 against 170-185 (1 thread: no difference).
+(Debian's libopenblas0-openmp, which runs the GEMMs on torch's own OpenMP
+pool, measured about the same as pthread + PASSIVE.)
+
+In the re-executed process, before building the model, it refuses to run
+(exit 1, one message) unless:
+  - the BLAS torch maps is OpenBLAS, running the chosen core type;
+  - torch.get_num_threads() and openblas_get_num_threads() both equal --threads;
+  - torch.matmul at 1024x768 . 768x3072 reaches --min-gemm-gflops-per-thread
+    x --threads GFLOP/s (default 20 per thread: the reference BLAS measured
+    ~8 GFLOP/s at 1 thread and does not scale with threads, OpenBLAS
+    40-250 per thread on the CPUs this project runs on).
+During the timed steps it measures the threads that really ran as process CPU
+time (user + sys, all threads: time.process_time) over wall time, reports it as
+"threads_observed" and warns when it is below 0.75 x --threads (other load
+on the machine, or a thread count that did not take). OpenBLAS's pthreads spin
+a little while waiting for work, so the figure is an upper bound on useful
+parallelism, not a lower one.
+
+The JSON line also has "openblas_coretype" (the core used),
+"openblas_coretype_gflops" (each candidate's GEMM GFLOP/s when it was chosen),
+"openblas_coretype_source" (calibrated, cache or forced), "blas_library" (the
+mapped libblas path), "blas_core" (what OpenBLAS says it runs),
+"gemm_check_gflops" and "threads_observed".
 """
 
 import argparse
@@ -39,7 +79,11 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_blas  # noqa: E402
+
 CHILD_MARK = "LATTICE_TORCH_BENCH_CHILD"
+SETUP_VAR = "LATTICE_TORCH_BENCH_SETUP"  # the parent's torch_blas.prepare() result, as JSON, for the child
 
 
 def parse_args():
@@ -53,7 +97,13 @@ def parse_args():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5, help="timed steps")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    ap.add_argument("--coretype", default="SkylakeX", help="OPENBLAS_CORETYPE for this run")
+    ap.add_argument("--coretype", default=None,
+                    help="force this OPENBLAS_CORETYPE (default: the fastest candidate for this CPU, measured once "
+                         "per CPU and thread count and cached)")
+    ap.add_argument("--recalibrate", action="store_true", help="measure the core type candidates again")
+    ap.add_argument("--min-gemm-gflops-per-thread", type=float, default=20.0,
+                    help="refuse to run when torch.matmul at 1024x768x3072 is below this many GFLOP/s times "
+                         "--threads (default 20: reference BLAS ~8 in all, OpenBLAS 40-250 per thread)")
     ap.add_argument("--foreach", choices=["on", "off"], default="off",
                     help="torch.optim.AdamW foreach implementation (default off, torch 1.13's CPU default; "
                          "on was not faster here)")
@@ -79,47 +129,58 @@ def l2_bytes():
         return None
 
 
+def fail(msg):
+    print(f"torch_gpt2_bench.py: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
 def reexec_with_blas_env(args):
-    """Env vars must be set before OpenBLAS is loaded, i.e. before `import torch`."""
+    """Set up OpenBLAS, then re-exec with its env vars: they must be set before `import torch` loads it."""
     if os.environ.get(CHILD_MARK) == "1":
-        return
-    env = dict(os.environ)
+        return json.loads(os.environ[SETUP_VAR])
+    try:
+        setup = torch_blas.prepare(args.threads, args.coretype, args.recalibrate)
+    except torch_blas.SetupError as e:
+        fail(str(e))
+    env = torch_blas.blas_env(setup["openblas_coretype"], args.threads)
     env[CHILD_MARK] = "1"
-    env["OPENBLAS_CORETYPE"] = args.coretype
-    env["OPENBLAS_NUM_THREADS"] = str(args.threads)
-    env["OMP_NUM_THREADS"] = str(args.threads)
+    env[SETUP_VAR] = json.dumps({k: setup[k] for k in ("openblas_coretype", "openblas_coretype_gflops",
+                                                       "openblas_coretype_source", "openblas_auto_core", "cpu")})
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see the docstring: two spinning thread pools
     l2 = l2_bytes()
     if l2:
         env["OPENBLAS_L2_SIZE"] = str(l2)
+    sys.stdout.flush()
     os.execve(sys.executable, [sys.executable] + sys.argv, env)
 
 
-def blas_info():
-    import ctypes
+def check_blas(torch, args, setup):
+    """The refusals of the docstring; returns the BLAS facts and the GEMM rate for the JSON line."""
     try:
-        lib = ctypes.CDLL("libopenblas.so.0")
-        lib.openblas_get_corename.restype = ctypes.c_char_p
-        lib.openblas_get_config.restype = ctypes.c_char_p
-        return {"blas": lib.openblas_get_config().decode(), "blas_core": lib.openblas_get_corename().decode(),
-                "blas_threads": lib.openblas_get_num_threads(), "_lib": lib}
-    except (OSError, AttributeError):
-        return {"blas": "unknown", "blas_core": "unknown", "blas_threads": None, "_lib": None}
+        got = torch_blas.check_loaded_blas(torch, args.threads, setup["openblas_coretype"])
+    except torch_blas.SetupError as e:
+        fail(str(e))
+    m, k, n = torch_blas.GEMM_SHAPES[0]
+    rate = torch_blas.gemm_rate(torch, m, k, n, reps=3)
+    floor = args.min_gemm_gflops_per_thread * args.threads
+    if rate < floor:
+        fail(f"torch.matmul {m}x{k}x{n} ran at {rate:.1f} GFLOP/s on {args.threads} thread(s) with "
+             f"{got['blas_library']} ({got['blas_config']}, core {got['blas_core']}), below the "
+             f"--min-gemm-gflops-per-thread {args.min_gemm_gflops_per_thread:g} x {args.threads} = {floor:g} "
+             "that any usable OpenBLAS reaches; not a fair reference, no result printed")
+    return {"blas": got["blas_config"], "blas_core": got["blas_core"], "blas_threads": got["openblas_threads"],
+            "blas_library": got["blas_library"], "gemm_check_gflops": rate}
 
 
 def main():
     args = parse_args()
-    reexec_with_blas_env(args)
+    setup = reexec_with_blas_env(args)
 
     import torch
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
     import gpt2_reference as ref
 
-    torch.set_num_threads(args.threads)
-    info = blas_info()
-    if info["_lib"] is not None:
-        info["_lib"].openblas_set_num_threads(args.threads)
-        info["blas_threads"] = info["_lib"].openblas_get_num_threads()
-    del info["_lib"]
+    info = check_blas(torch, args, setup)
 
     cfg = ref.GPT2Config(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                          vocab_size=args.vocab, n_positions=args.seq)
@@ -135,7 +196,10 @@ def main():
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
     times, losses = [], []
+    cpu0 = wall0 = None
     for i in range(args.warmup + args.steps):
+        if i == args.warmup:  # process CPU time = user + sys of all threads (ns resolution, unlike os.times)
+            cpu0, wall0 = time.process_time(), time.perf_counter()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = ref.forward_loss(model, x, y)
@@ -145,6 +209,11 @@ def main():
         losses.append(loss.item())
         if i >= args.warmup:
             times.append(dt)
+    threads_observed = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+    if threads_observed < 0.75 * args.threads:
+        print(f"torch_gpt2_bench.py: warning: asked for {args.threads} threads, {threads_observed:.2f} ran on "
+              "average during the timed steps (CPU time / wall time): other load on the machine, or steps too "
+              "small to spread over the threads?", file=sys.stderr)
 
     n_params = ref.count_params(model) - model.wpe.weight.numel()
     flops_per_token = 6 * n_params + 12 * args.n_layer * args.n_embd * args.seq
@@ -166,8 +235,14 @@ def main():
         "loss_first": losses[0], "loss_last": losses[-1],
         "adamw_foreach": args.foreach == "on",
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-        "openblas_coretype_env": os.environ.get("OPENBLAS_CORETYPE"),
+        "threads_observed": threads_observed,
+        "cpu": setup["cpu"],
+        "openblas_coretype": setup["openblas_coretype"],
+        "openblas_coretype_gflops": setup["openblas_coretype_gflops"],
+        "openblas_coretype_source": setup["openblas_coretype_source"],
+        "openblas_auto_core": setup["openblas_auto_core"],
         "openblas_l2_size_env": os.environ.get("OPENBLAS_L2_SIZE"),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         **info,
     }
     print(json.dumps(out))

@@ -178,7 +178,7 @@ TEST(DataLoader, Errors) {
   TempDir dir;
   expect_error([&] { DataLoader x(options(dir, 1, 4)); }, {"data pattern '" + dir.path() + "/train_*.bin'", "matches no file"});
   write_counting_shards(dir, {20});
-  expect_error([&] { DataLoader x(options(dir, 5, 4)); }, {"holds 20 tokens", "4 sequences", "dp_size*B = 5"});
+  expect_error([&] { DataLoader x(options(dir, 5, 4)); }, {"holds 20 tokens", "4 sequences", "micro-batches = 5"});
   LoaderOptions o = options(dir, 1, 4);
   o.dp_rank = 2;
   o.dp_size = 2;

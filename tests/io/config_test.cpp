@@ -115,12 +115,12 @@ TEST(Config, OverridesAreTypedByTheKey) {
 TEST(Config, UnknownKeysAndSections) {
   EXPECT_ERROR_CONTAINS(parse("[train]\nstepz = 10\n"),
                         "unknown key 'train.stepz' (valid keys in [train]: micro_batch_size, grad_accum_steps, "
-                        "steps, seed, eval_every, eval_steps, threads); did you mean 'train.steps'? "
+                        "global_batch_size, steps, seed, eval_every, eval_steps, threads); did you mean 'train.steps'? "
                         "(config file 'x.toml' line 2)");
   EXPECT_ERROR_CONTAINS(parse("[train]\nlr = 0.1\n"), "unknown key 'train.lr'");
   EXPECT_ERROR_CONTAINS(parse("[train]\nlr = 0.1\n"), "did you mean 'optim.lr'?");
   EXPECT_ERROR_CONTAINS(parse("[trian]\nsteps = 1\n"),
-                        "unknown section '[trian]' (valid sections: model, parallel, train, optim, precision, "
+                        "unknown section '[trian]' (valid sections: model, parallel, zero, train, optim, precision, "
                         "compression, data, checkpoint, log); did you mean '[train]'?");
   EXPECT_ERROR_CONTAINS(parse("steps = 1\n"), "key 'steps' must be inside a section; did you mean 'train.steps'");
   EXPECT_ERROR_CONTAINS(parse("model = 3\n"), "'model' must be a section ([model]), got 3");
@@ -226,7 +226,7 @@ TEST(Config, ItemsAndHelp) {
   for (const auto& [k, v] : items)
     if (k == "data.train") found = v == "\"\"";
   EXPECT_TRUE(found);
-  EXPECT_EQ(items.size(), 48u);
+  EXPECT_EQ(items.size(), 52u);
   std::string help = config_help();
   for (const auto& [k, v] : items) {
     std::string name = k.substr(k.find('.') + 1);

@@ -1,5 +1,6 @@
 // kernels::gemm against a naive double-precision loop.
 #include <limits>
+#include <string>
 
 #include "lattice/core/dtype.h"
 #include "lattice/core/error.h"
@@ -120,9 +121,10 @@ TEST(Gemm, BetaZeroIgnoresNanInC) {
   for (float c : C16) EXPECT_FALSE(std::isnan(c));
 }
 
-// Both bf16 paths: kernels::gemm (widen to f32 + dnnl_sgemm) and the bf16
-// matmul primitive it was measured against.
-TEST(Gemm, Bf16InputsMatchRoundedInputsInDouble) {
+// Runs `bf16_gemm` (one of the bf16 paths) over every case against the
+// double-precision product of the bf16-rounded inputs.
+template <typename Bf16Gemm>
+void expect_bf16_path_matches_double(const std::string& path, Bf16Gemm bf16_gemm) {
   uint64_t seed = 100;
   for (const GemmCase& g : cases()) {
     auto A = randn(a_size(g), seed++), B = randn(b_size(g), seed++), C0 = randn(c_size(g), seed++);
@@ -134,18 +136,63 @@ TEST(Gemm, Bf16InputsMatchRoundedInputsInDouble) {
     std::vector<double> mag;
     reference_gemm(g, Ar, Br, want, mag);
     auto C = C0;
-    gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, A16.data(), g.lda, B16.data(), g.ldb, g.beta, C.data(), g.ldc,
-         DType::BF16);
+    bf16_gemm(g, A16.data(), B16.data(), C.data());
     // Products of bf16 values are exact in f32; the sum is f32.
-    check_result(g, C, want, mag, C0, 1e-5, "bf16 " + describe(g));
-    C = C0;
-    cpu::gemm_dnnl_matmul(g.ta, g.tb, g.M, g.N, g.K, g.alpha, A16.data(), g.lda, B16.data(), g.ldb, g.beta, C.data(),
-                          g.ldc, DType::BF16, nullptr);
-    check_result(g, C, want, mag, C0, 1e-5, "bf16 matmul " + describe(g));
+    check_result(g, C, want, mag, C0, 1e-5, path + " " + describe(g));
   }
 }
 
-// Shapes beyond one widening block (N > 2048, K > 1024): blocks of C are
+// The portable bf16 path (widen to f32 + dnnl_sgemm): runs on every CPU.
+TEST(Gemm, Bf16WidenPathMatchesRoundedInputsInDouble) {
+  expect_bf16_path_matches_double("bf16 widen", [](const GemmCase& g, const uint16_t* A, const uint16_t* B, float* C) {
+    cpu::gemm_bf16_via_sgemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, A, g.lda, B, g.ldb, g.beta, C, g.ldc);
+  });
+}
+
+// oneDNN's bf16 matmul primitive: only where oneDNN has a kernel for this CPU.
+TEST(Gemm, Bf16MatmulPrimitiveMatchesRoundedInputsInDouble) {
+  if (!cpu::dnnl_bf16_matmul_available())
+    GTEST_SKIP() << "oneDNN has no bf16 matmul kernel on this CPU (oneDNN ISA " << gemm_paths().dnnl_isa
+                 << ", or LATTICE_DNNL_BF16=0); the widen path covers bf16 here";
+  expect_bf16_path_matches_double("bf16 matmul", [](const GemmCase& g, const uint16_t* A, const uint16_t* B,
+                                                    float* C) {
+    cpu::gemm_dnnl_matmul(g.ta, g.tb, g.M, g.N, g.K, g.alpha, A, g.lda, B, g.ldb, g.beta, C, g.ldc, DType::BF16,
+                          nullptr);
+  });
+}
+
+// kernels::gemm serves bf16 through whichever path gemm_paths() chose, and
+// never through one that does not exist here.
+TEST(Gemm, Bf16GemmUsesAnAvailablePath) {
+  const GemmPaths& p = gemm_paths();
+  if (!p.bf16_primitive_available) {
+    EXPECT_FALSE(p.bf16_uses_primitive()) << describe_gemm_paths();
+  }
+  if (p.bf16_uses_primitive()) {
+    EXPECT_GE(p.bf16_primitive_speedup, 1.2) << describe_gemm_paths();
+  }
+  expect_bf16_path_matches_double("bf16 " + std::string(p.bf16),
+                                  [](const GemmCase& g, const uint16_t* A, const uint16_t* B, float* C) {
+                                    gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, A, g.lda, B, g.ldb, g.beta, C, g.ldc,
+                                         DType::BF16);
+                                  });
+}
+
+// Without the primitive, asking for it directly is one clear error.
+TEST(Gemm, Bf16MatmulPrimitiveRefusedWhereAbsent) {
+  if (cpu::dnnl_bf16_matmul_available()) GTEST_SKIP() << "oneDNN has a bf16 matmul kernel on this CPU";
+  std::vector<uint16_t> A(4), B(4);
+  std::vector<float> C(4);
+  try {
+    cpu::gemm_dnnl_matmul(false, false, 2, 2, 2, 1.0f, A.data(), 2, B.data(), 2, 0.0f, C.data(), 2, DType::BF16,
+                          nullptr);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no bf16 matmul kernel for this CPU"), std::string::npos) << e.what();
+  }
+}
+
+// The widen path on shapes beyond one widening block (N > 2048, K > 1024): blocks of C are
 // written once each and the K blocks accumulate on top of beta·C.
 TEST(Gemm, Bf16LargerThanOneBlock) {
   for (auto [ta, tb] : {std::pair{false, true}, std::pair{true, false}}) {
@@ -160,8 +207,8 @@ TEST(Gemm, Bf16LargerThanOneBlock) {
     auto want = test::to_double(C);
     std::vector<double> mag;
     reference_gemm(g, Ar, Br, want, mag);
-    gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, A16.data(), g.lda, B16.data(), g.ldb, g.beta, C.data(), g.ldc,
-         DType::BF16);
+    cpu::gemm_bf16_via_sgemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, A16.data(), g.lda, B16.data(), g.ldb, g.beta,
+                             C.data(), g.ldc);
     check_result(g, C, want, mag, C_before, 2e-5, "bf16 blocked " + describe(g));
   }
 }

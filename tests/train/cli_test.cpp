@@ -64,6 +64,34 @@ TEST(Cli, BadConfigValuesNameTheKey) {
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
 }
 
+// The instruction set can be forced down (to test the portable paths) but
+// not up, and never to a name that is not a level; the banner says what runs.
+TEST(Cli, InstructionSetOverrideAndMachineBanner) {
+  fs::path dir = scratch("isa");
+  const std::string cache = "LATTICE_CACHE_DIR=" + dir.string() + " ";
+  Result r = capture(cache + "LATTICE_ISA=sse9 " + std::string(LATTICE_BIN) + " train " + kTiny + "2>&1");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("LATTICE_ISA='sse9' is not an instruction set level (valid: avx512, avx2, baseline, auto)"),
+            std::string::npos)
+      << r.output;
+  r = capture(cache + "LATTICE_ISA=baseline " + std::string(LATTICE_BIN) + " bench peak --threads 1 --seconds 0.05 --repeat 1 --json 2>&1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* piece : {"\"impl\":\"lattice-peak\"", "\"isa\":\"baseline\"", "\"fp32_gflops_per_core\":",
+                            "\"gemm_bf16\":\"widen+dnnl_sgemm\"", "\"dnnl_isa\":\"sse41\""})
+    EXPECT_NE(r.output.find(piece), std::string::npos) << piece << "\n" << r.output;
+  EXPECT_TRUE(fs::exists(dir / "peak.json"));
+  // The trainer's banner names the CPU, the level and where its peak came from.
+  r = capture(cache + "LATTICE_ISA=baseline " + std::string(LATTICE_BIN) + " train " + kTiny + "--set train.steps=1 2>&1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* piece : {"lattice: machine ", "kernels baseline (LATTICE_ISA", "GEMM f32 dnnl_sgemm",
+                            "lattice: MFU relative to ", "cached in " })
+    EXPECT_NE(r.output.find(piece), std::string::npos) << piece << "\n" << r.output;
+  r = capture(cache + "LATTICE_PEAK_GFLOPS_PER_CORE=-3 " + std::string(LATTICE_BIN) + " train " + kTiny + "2>&1");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("LATTICE_PEAK_GFLOPS_PER_CORE must be a positive number, got '-3'"), std::string::npos)
+      << r.output;
+}
+
 TEST(Cli, TrainPrintsOneLinePerStepAndResumes) {
   fs::path dir = scratch("train");
   std::string common = "train " + kTiny + "--set checkpoint.dir=" + (dir / "run").string() +

@@ -6,10 +6,12 @@
 
 #include "lattice/cli/args.h"
 #include "lattice/cli/bench_registry.h"
+#include "lattice/core/cpu.h"
 #include "lattice/core/error.h"
 #include "lattice/core/threads.h"
 #include "lattice/core/timer.h"
 #include "lattice/io/config.h"
+#include "lattice/io/json.h"
 #include "lattice/train/trainer.h"
 
 namespace lattice::cli {
@@ -66,14 +68,19 @@ static int bench_train(const std::vector<std::string>& args) {
     std::printf(
         "{\"impl\":\"lattice\",\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"vocab_size\":%d,\"batch\":%d,"
         "\"seq\":%d,\"threads\":%d,\"steps\":%lld,\"tokens_per_sec\":%.3f,\"step_ms\":%.3f,"
-        "\"step_ms_median\":%.3f,\"model_flops_per_sec\":%.6e,\"mfu\":%.4f}\n",
+        "\"step_ms_median\":%.3f,\"model_flops_per_sec\":%.6e,\"mfu\":%.4f,\"peak_gflops_per_core\":%.3f,"
+        "\"cpu\":%s,\"isa\":\"%s\"}\n",
         mc.n_layer, mc.n_head, mc.n_embd, mc.vocab_size, cfg.train.micro_batch_size, cfg.model.seq_len,
-        num_threads(), steps, tok_s, 1e3 * seconds / steps, ms[ms.size() / 2], flops, flops / trainer.peak_flops());
+        num_threads(), steps, tok_s, 1e3 * seconds / steps, ms[ms.size() / 2], flops, flops / trainer.peak_flops(),
+        trainer.machine_peak().fp32_gflops_per_core, io::json_quote(cpu_info().model).c_str(),
+        isa_name(active_isa()));
   } else {
     std::printf("model L=%d C=%d H=%d V=%d, batch %d x %d, %d threads, %lld steps\n", mc.n_layer, mc.n_embd,
                 mc.n_head, mc.vocab_size, cfg.train.micro_batch_size, cfg.model.seq_len, num_threads(), steps);
     std::printf("  %.1f tokens/s, %.1f ms/step (median %.1f), %.1f GFLOP/s model, MFU %.1f%%\n", tok_s,
                 1e3 * seconds / steps, ms[ms.size() / 2], flops / 1e9, 100.0 * flops / trainer.peak_flops());
+    std::printf("  machine %s\n  MFU relative to %.1f GFLOP/s per core (%s)\n", train::describe_machine().c_str(),
+                trainer.machine_peak().fp32_gflops_per_core, trainer.machine_peak().source.c_str());
   }
   return 0;
 }

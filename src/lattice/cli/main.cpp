@@ -7,6 +7,7 @@
 
 #include "lattice/cli/command.h"
 #include "lattice/comm/runtime.h"
+#include "lattice/core/cpu.h"
 
 // Sanitizer builds: Open MPI allocates at MPI_Init_thread and keeps it past
 // MPI_Finalize, in dlopen'ed plugins that LeakSanitizer cannot attribute to a
@@ -48,7 +49,10 @@ int main(int argc, char** argv) {
       // Every command runs inside the guard: MPI is initialised (a run without
       // mpirun is a world of one) and an error on any rank prints
       // "rank R: message" and ends the whole job with a non-zero exit.
-      return lattice::comm::run_guarded(argc, argv, [&] { return c.run(args); });
+      return lattice::comm::run_guarded(argc, argv, [&] {
+        lattice::active_isa();  // a bad LATTICE_ISA is refused before any work
+        return c.run(args);
+      });
     }
   }
   std::fprintf(stderr, "lattice: unknown command '%s'\n\n", name.c_str());

@@ -126,7 +126,7 @@ WorkPtr Communicator::iall_reduce(void* data, size_t count, DType dtype, ReduceO
 
 void Communicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) {
   LATTICE_CHECK_BUFFER(send, recv_count * size(), "reduce_scatter");
-  LATTICE_CHECK_BUFFER(recv, recv_count, "reduce_scatter");
+  LATTICE_CHECK_BUFFER(recv, send == recv ? recv_count * size() : recv_count, "reduce_scatter");
   count(CommOp::ReduceScatter, uint64_t{recv_count} * (size() - 1) * dtype_size(dtype));
   do_reduce_scatter(send, recv, recv_count, dtype, op);
 }

@@ -16,7 +16,8 @@
 //    every rank. Callers that want a single rounding over an f32 sum convert
 //    to f32 first and reduce f32.
 //  - Send and receive buffers of one call must not overlap (all_reduce and
-//    broadcast work in place on one buffer).
+//    broadcast work in place on one buffer; all_gather is in place when
+//    `send` points at this rank's own block of `recv`).
 //  - A call that waits longer than the watchdog timeout (watchdog.h) aborts
 //    the whole job with a message naming the operation, the group and the
 //    ranks that did not arrive; it never hangs.
@@ -119,7 +120,9 @@ class Communicator {
   // data[i] <- op over all ranks of data[i], in place; the same on every rank.
   void all_reduce(void* data, size_t count, DType dtype, ReduceOp op);
   // send holds size() blocks of recv_count elements; rank j receives in recv
-  // the reduction over ranks of block j.
+  // the reduction over ranks of block j. In place when send == recv: the
+  // buffer holds the size() blocks and this rank's result replaces its
+  // first block (MPI's convention).
   void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op);
   // Variable blocks: send holds sum(recv_counts) elements, block j (of
   // recv_counts[j] elements, consecutive) is reduced into rank j's recv.

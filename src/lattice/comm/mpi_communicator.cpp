@@ -140,13 +140,22 @@ class MpiWork final : public Work {
 
 }  // namespace
 
-MPI_Datatype mpi_wire_type(DType t) { return t == DType::F32 ? MPI_FLOAT : MPI_UINT16_T; }
+MPI_Datatype mpi_wire_type(DType t) {
+  switch (t) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
+    case DType::BF16:
+    case DType::F16: return MPI_UINT16_T;
+  }
+  return MPI_FLOAT;
+}
 
 MPI_Op mpi_reduce_op(DType t, ReduceOp op) {
   switch (t) {
     case DType::F32: return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
     case DType::BF16: return op == ReduceOp::Sum ? half_ops().bf16_sum : half_ops().bf16_max;
     case DType::F16: return op == ReduceOp::Sum ? half_ops().f16_sum : half_ops().f16_max;
+    case DType::F64: return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
   }
   return MPI_SUM;
 }
@@ -235,6 +244,13 @@ int MpiCommunicator::to_int(size_t n, const WaitInfo& info) const {
 
 void MpiCommunicator::check(int rc, const WaitInfo& info) const { check_mpi(rc, info); }
 
+// MPI_IN_PLACE when `send` is this rank's own block of `recv` (all_gather in
+// place: the caller's data already sits where it would be received).
+const void* MpiCommunicator::in_place_block(const void* send, const void* recv, size_t block, DType dtype) const {
+  const char* own = static_cast<const char*>(recv) + static_cast<size_t>(rank()) * block * dtype_size(dtype);
+  return send == own ? MPI_IN_PLACE : send;
+}
+
 // ---- blocking collectives ----
 
 void MpiCommunicator::do_all_reduce(void* data, size_t count, DType dtype, ReduceOp op) {
@@ -250,7 +266,9 @@ void MpiCommunicator::do_reduce_scatter(const void* send, void* recv, size_t rec
   int n = to_int(recv_count, info);
   to_int(recv_count * size(), info);
   WaitScope scope(info);
-  check(MPI_Reduce_scatter_block(send, recv, n, wire_type(dtype), mpi_op(dtype, op), comm_), info);
+  check(MPI_Reduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, n, wire_type(dtype), mpi_op(dtype, op),
+                                 comm_),
+        info);
 }
 
 void MpiCommunicator::do_reduce_scatter_v(const void* send, void* recv, std::span<const size_t> recv_counts,
@@ -269,7 +287,9 @@ void MpiCommunicator::do_all_gather(const void* send, void* recv, size_t send_co
   int n = to_int(send_count, info);
   to_int(send_count * size(), info);
   WaitScope scope(info);
-  check(MPI_Allgather(send, n, wire_type(dtype), recv, n, wire_type(dtype), comm_), info);
+  check(MPI_Allgather(in_place_block(send, recv, send_count, dtype), n, wire_type(dtype), recv, n, wire_type(dtype),
+                      comm_),
+        info);
 }
 
 // Element counts and displacements of consecutive blocks, as MPI's ints.
@@ -375,7 +395,8 @@ WorkPtr MpiCommunicator::do_ireduce_scatter(const void* send, void* recv, size_t
   to_int(recv_count * size(), info);
   auto work = std::make_unique<MpiWork>(info);
   work->requests.assign(1, MPI_REQUEST_NULL);
-  check(MPI_Ireduce_scatter_block(send, recv, n, wire_type(dtype), mpi_op(dtype, op), comm_, &work->requests[0]),
+  check(MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, n, wire_type(dtype), mpi_op(dtype, op),
+                                  comm_, &work->requests[0]),
         info);
   return work;
 }
@@ -400,7 +421,9 @@ WorkPtr MpiCommunicator::do_iall_gather(const void* send, void* recv, size_t sen
   to_int(send_count * size(), info);
   auto work = std::make_unique<MpiWork>(info);
   work->requests.assign(1, MPI_REQUEST_NULL);
-  check(MPI_Iallgather(send, n, wire_type(dtype), recv, n, wire_type(dtype), comm_, &work->requests[0]), info);
+  check(MPI_Iallgather(in_place_block(send, recv, send_count, dtype), n, wire_type(dtype), recv, n, wire_type(dtype),
+                       comm_, &work->requests[0]),
+        info);
   return work;
 }
 

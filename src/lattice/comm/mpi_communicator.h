@@ -61,6 +61,7 @@ class MpiCommunicator final : public Communicator {
   WaitInfo collective(CommOp op, size_t count, DType dtype, const ReduceOp* reduce);
   WaitInfo p2p(CommOp op, size_t count, DType dtype, int peer, int tag) const;
   int to_int(size_t n, const WaitInfo& info) const;
+  const void* in_place_block(const void* send, const void* recv, size_t block, DType dtype) const;
   void check(int rc, const WaitInfo& info) const;
 
   MPI_Comm comm_;

@@ -128,13 +128,19 @@ ProcessMesh ProcessMesh::create(int pp, int dp, int cp, int tp, int ep) {
   return create(MeshSizes{pp, dp, cp, tp, ep});
 }
 
-ProcessMesh ProcessMesh::create(const MeshSizes& sizes) {
-  validate_mesh_sizes(comm::world_size(), sizes);
+ProcessMesh ProcessMesh::create(const MeshSizes& sizes) { return create(sizes, make_world_communicator()); }
+
+ProcessMesh ProcessMesh::create(const MeshSizes& sizes, Communicator& parent) {
+  validate_mesh_sizes(parent.size(), sizes);
+  return create(sizes, parent.split(0, parent.rank(), "world"));
+}
+
+ProcessMesh ProcessMesh::create(const MeshSizes& sizes, std::unique_ptr<Communicator> world) {
+  validate_mesh_sizes(world->size(), sizes);
   ProcessMesh mesh;
   mesh.sizes_ = sizes;
-  mesh.world_rank_ = comm::world_rank();
+  mesh.world_rank_ = world->rank();
   mesh.coord_ = mesh_coord(sizes, mesh.world_rank_);
-  std::unique_ptr<MpiCommunicator> world = make_world_communicator();
   mesh.groups_.resize(kMeshGroupCount);
   for (int i = 0; i < kMeshGroupCount; i++) {
     MeshGroup g = static_cast<MeshGroup>(i);

@@ -69,6 +69,10 @@ class ProcessMesh {
   // the world; call it inside run_guarded.
   static ProcessMesh create(int pp, int dp, int cp, int tp, int ep = 1);
   static ProcessMesh create(const MeshSizes& sizes);
+  // The same over the ranks of `parent` instead of the whole world (its
+  // ranks are the mesh's world ranks): lets a test run a one-rank reference
+  // and a parallel layout side by side in one job. Collective over parent.
+  static ProcessMesh create(const MeshSizes& sizes, Communicator& parent);
 
   ProcessMesh(ProcessMesh&&) noexcept;
   ProcessMesh& operator=(ProcessMesh&&) noexcept;
@@ -103,6 +107,7 @@ class ProcessMesh {
 
  private:
   ProcessMesh() = default;
+  static ProcessMesh create(const MeshSizes& sizes, std::unique_ptr<Communicator> world);
   MeshSizes sizes_;
   MeshCoord coord_;
   int world_rank_ = 0;

@@ -11,6 +11,7 @@ size_t dtype_size(DType t) {
     case DType::F32: return 4;
     case DType::BF16: return 2;
     case DType::F16: return 2;
+    case DType::F64: return 8;
   }
   return 0;
 }
@@ -20,6 +21,7 @@ const char* dtype_name(DType t) {
     case DType::F32: return "f32";
     case DType::BF16: return "bf16";
     case DType::F16: return "f16";
+    case DType::F64: return "f64";
   }
   return "?";
 }
@@ -87,6 +89,9 @@ void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t 
     std::memcpy(dst, src, n * dtype_size(src_type));
     return;
   }
+  LATTICE_CHECK(src_type != DType::F64 && dst_type != DType::F64,
+                "convert: " << dtype_name(src_type) << " -> " << dtype_name(dst_type)
+                            << " is not supported (f64 is for scalars on the wire)");
   if (src_type == DType::F32) {
     const float* s = static_cast<const float*>(src);
     uint16_t* d = static_cast<uint16_t*>(dst);

@@ -13,10 +13,12 @@
 
 namespace lattice {
 
-enum class DType : uint8_t { F32, BF16, F16 };
+// F64 exists for scalars that cross the wire (loss sums, the squared
+// gradient norm); tensors are f32, bf16 or f16.
+enum class DType : uint8_t { F32, BF16, F16, F64 };
 
 size_t dtype_size(DType t);
-const char* dtype_name(DType t);  // "f32", "bf16", "f16"
+const char* dtype_name(DType t);  // "f32", "bf16", "f16", "f64"
 // Parses "f32"/"fp32"/"float32", "bf16"/"bfloat16", "f16"/"fp16"/"float16";
 // throws lattice::Error naming the accepted spellings otherwise.
 DType parse_dtype(const std::string& name);

@@ -81,10 +81,12 @@ std::string MemoryTracker::summary() const {
   return s;
 }
 
-Buffer::Buffer(size_t bytes, MemCategory category) : category_(category) {
+Buffer::Buffer(size_t bytes, MemCategory category, size_t alignment) : category_(category) {
   if (bytes == 0) return;
-  size_t rounded = (bytes + 63) / 64 * 64;
-  data_ = std::aligned_alloc(64, rounded);
+  LATTICE_CHECK(alignment >= 64 && (alignment & (alignment - 1)) == 0,
+                "Buffer alignment must be a power of two >= 64, got " << alignment);
+  size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+  data_ = std::aligned_alloc(alignment, rounded);
   LATTICE_CHECK(data_ != nullptr, "out of memory allocating " << format_bytes(static_cast<double>(rounded))
                                                               << " for " << mem_category_name(category));
   std::memset(data_, 0, rounded);

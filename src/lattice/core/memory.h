@@ -46,8 +46,9 @@ std::string format_bytes(double bytes);
 class Buffer {
  public:
   Buffer() = default;
-  // Allocates `bytes` (rounded up to 64) zero-filled bytes.
-  Buffer(size_t bytes, MemCategory category);
+  // Allocates `bytes` zero-filled bytes, rounded up to and aligned at
+  // `alignment` (a power of two >= 64; 4096 for O_DIRECT I/O).
+  Buffer(size_t bytes, MemCategory category, size_t alignment = 64);
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;

@@ -36,9 +36,11 @@ struct DataLoader::Impl {
   std::vector<int64_t> shard_start;  // first global token index of each shard; back() = N
   int64_t num_tokens = 0;
   int64_t sequences = 0;  // S
-  int64_t steps = 0;      // S / (dp_size*B)
+  int64_t global = 0;     // G = dp_size*B*micro_batches
+  int64_t steps = 0;      // S / G
   uint64_t epoch = 0;
-  uint64_t position = 0;
+  uint64_t position = 0;  // steps taken in this epoch
+  int micro = 0;          // micro-batches taken in the current step
   std::vector<uint32_t> order;  // permutation of the current epoch
   std::vector<int32_t> window;  // scratch, T+1 tokens
 
@@ -70,18 +72,25 @@ struct DataLoader::Impl {
     }
   }
 
-  // Global sequence index of row b of this rank's next batch; advances nothing.
+  // Global sequence index of row b of this rank's next micro-batch; advances nothing.
   int64_t sequence_of_row(int b) const {
-    uint64_t slot = position * static_cast<uint64_t>(opt.dp_size) * opt.B +
-                    static_cast<uint64_t>(opt.dp_rank) * opt.B + b;
+    const uint64_t slot = position * static_cast<uint64_t>(global) +
+                          (static_cast<uint64_t>(micro) * opt.dp_size + opt.dp_rank) * opt.B + b;
     return order[slot];
   }
 
-  void begin_step() {
-    if (position == static_cast<uint64_t>(steps)) {
+  void begin_micro_batch() {
+    if (micro == 0 && position == static_cast<uint64_t>(steps)) {
       ++epoch;
       position = 0;
       build_order();
+    }
+  }
+
+  void end_micro_batch() {
+    if (++micro == opt.micro_batches) {
+      micro = 0;
+      ++position;
     }
   }
 };
@@ -93,6 +102,8 @@ DataLoader::DataLoader(const LoaderOptions& options) : impl_(std::make_unique<Im
   LATTICE_CHECK(options.T >= 1, "data loader: sequence length T=" << options.T << " must be at least 1");
   LATTICE_CHECK(options.dp_size >= 1 && options.dp_rank >= 0 && options.dp_rank < options.dp_size,
                 "data loader: dp_rank=" << options.dp_rank << " must be in [0, dp_size=" << options.dp_size << ")");
+  LATTICE_CHECK(options.micro_batches >= 1,
+                "data loader: micro_batches=" << options.micro_batches << " must be at least 1");
   LATTICE_CHECK(options.vocab_size >= 1 && options.vocab_size <= 65536,
                 "data loader: vocab_size=" << options.vocab_size
                                            << " must be in [1, 65536] (shards hold uint16 tokens)");
@@ -105,14 +116,16 @@ DataLoader::DataLoader(const LoaderOptions& options) : impl_(std::make_unique<Im
   }
   const int64_t T = options.T;
   d.sequences = d.num_tokens > 0 ? (d.num_tokens - 1) / T : 0;
-  const int64_t per_step = static_cast<int64_t>(options.dp_size) * options.B;
-  LATTICE_CHECK(d.sequences >= per_step,
+  d.global = static_cast<int64_t>(options.dp_size) * options.B * options.micro_batches;
+  LATTICE_CHECK(d.sequences >= d.global,
                 "data pattern '" << options.pattern << "' holds " << d.num_tokens << " tokens in " << d.shards.size()
                                  << " shard(s): " << d.sequences << " sequences of T+1=" << T + 1
-                                 << " tokens, fewer than one step needs (dp_size*B = " << per_step << ")");
+                                 << " tokens, fewer than one step needs (the global batch: dp x micro-batch size x "
+                                    "micro-batches = "
+                                 << d.global << ")");
   LATTICE_CHECK(d.sequences <= static_cast<int64_t>(UINT32_MAX),
                 "data pattern '" << options.pattern << "': " << d.sequences << " sequences, more than 2^32-1");
-  d.steps = d.sequences / per_step;
+  d.steps = d.sequences / d.global;
   d.window.resize(static_cast<size_t>(T + 1));
   d.build_order();
 }
@@ -123,31 +136,36 @@ DataLoader::~DataLoader() = default;
 
 void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
   Impl& d = *impl_;
-  d.begin_step();
+  d.begin_micro_batch();
   const int T = d.opt.T;
   for (int b = 0; b < d.opt.B; ++b) {
     d.copy_tokens(d.sequence_of_row(b) * T, T + 1, d.window.data());
     std::memcpy(inputs + static_cast<size_t>(b) * T, d.window.data(), sizeof(int32_t) * T);
     std::memcpy(targets + static_cast<size_t>(b) * T, d.window.data() + 1, sizeof(int32_t) * T);
   }
-  ++d.position;
+  d.end_micro_batch();
 }
 
 void DataLoader::next_windows(int32_t* windows) {
   Impl& d = *impl_;
-  d.begin_step();
+  d.begin_micro_batch();
   const int T = d.opt.T;
   for (int b = 0; b < d.opt.B; ++b) d.copy_tokens(d.sequence_of_row(b) * T, T + 1, windows + static_cast<size_t>(b) * (T + 1));
-  ++d.position;
+  d.end_micro_batch();
 }
 
 int64_t DataLoader::sequences_per_epoch() const { return impl_->sequences; }
 int64_t DataLoader::steps_per_epoch() const { return impl_->steps; }
+int64_t DataLoader::global_batch() const { return impl_->global; }
 int64_t DataLoader::epoch() const { return static_cast<int64_t>(impl_->epoch); }
 int64_t DataLoader::num_tokens() const { return impl_->num_tokens; }
 const std::vector<ShardInfo>& DataLoader::shards() const { return impl_->infos; }
 
-DataLoader::State DataLoader::state() const { return {impl_->epoch, impl_->position}; }
+DataLoader::State DataLoader::state() const {
+  LATTICE_CHECK(impl_->micro == 0, "data loader: state() in the middle of a step (after micro-batch "
+                                       << impl_->micro << " of " << impl_->opt.micro_batches << ")");
+  return {impl_->epoch, impl_->position};
+}
 
 void DataLoader::restore(const State& state) {
   Impl& d = *impl_;
@@ -159,6 +177,7 @@ void DataLoader::restore(const State& state) {
     d.build_order();
   }
   d.position = state.position;
+  d.micro = 0;
 }
 
 void DataLoader::reset() { restore({0, 0}); }

@@ -35,6 +35,11 @@ struct ModelSection {
 struct TrainSection {
   int micro_batch_size = 4;
   int grad_accum_steps = 1;
+  // Sequences per optimizer step over all data-parallel ranks; 0 means
+  // dp × micro_batch_size × grad_accum_steps. When set, grad_accum_steps is
+  // derived from it (global_batch_size / (dp × micro_batch_size)), so the same
+  // value trains the same model at any dp.
+  int global_batch_size = 0;
   int64_t steps = 100;
   int64_t seed = 1337;
   int64_t eval_every = 0;  // 0 = never
@@ -68,6 +73,14 @@ struct ParallelSection {
   int microbatches = 1;
   double bucket_mb = 25;  // DP gradient bucket size in MiB (fractions allowed for tiny tests)
   bool operator==(const ParallelSection&) const = default;
+};
+
+// ZeRO-Infinity's offload tier (parallel.zero_stage says what is sharded).
+struct ZeroSection {
+  std::string offload = "none";  // none | disk
+  std::string offload_dir;       // where a rank's files live (offload = disk)
+  double offload_window_mb = 64;  // resident window per rank for the streamed state, MiB
+  bool operator==(const ZeroSection&) const = default;
 };
 
 struct PrecisionSection {
@@ -115,6 +128,7 @@ struct RunConfig {
   TrainSection train;
   OptimSection optim;
   ParallelSection parallel;
+  ZeroSection zero;
   PrecisionSection precision;
   CompressionSection compression;
   DataSection data;
@@ -135,6 +149,18 @@ void apply_override(RunConfig& cfg, const std::string& override_text);
 // Cross-key checks (n_embd % n_head, min_lr <= lr) plus every per-key range check,
 // for configs built in code.
 void validate_config(const RunConfig& cfg);
+
+// Micro-batches each data-parallel rank runs per optimizer step:
+// train.global_batch_size / (dp × micro_batch_size) when the global batch is
+// set, else train.grad_accum_steps.
+int micro_batches_per_step(const RunConfig& cfg);
+// Sequences per optimizer step over all ranks: dp × micro_batch_size × micro_batches_per_step.
+int64_t global_batch_size(const RunConfig& cfg);
+
+// Refuses, naming the key, every setting whose feature has not landed yet
+// (a value other than the key's default for parallel.sequence_parallel,
+// precision.compute, ...): a key is never accepted and ignored.
+void check_landed(const RunConfig& cfg);
 
 // Every key as TOML, section by section; parse_config_text(config_to_toml(c)) == c.
 std::string config_to_toml(const RunConfig& cfg);

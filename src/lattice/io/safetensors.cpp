@@ -69,6 +69,7 @@ const char* safetensors_dtype_name(DType dtype) {
     case DType::F32: return "F32";
     case DType::BF16: return "BF16";
     case DType::F16: return "F16";
+    case DType::F64: return "F64";
   }
   return "?";
 }

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "lattice/core/dtype.h"
 
@@ -34,6 +35,21 @@ namespace lattice::kernels {
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
           const void* A, int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc,
           DType ab_type = DType::F32);
+
+// Which implementation serves each A/B dtype, chosen once per process from
+// what the CPU and oneDNN support (cpu/gemm.cpp explains the candidates).
+struct GemmPaths {
+  const char* f32 = "dnnl_sgemm";
+  const char* bf16 = "widen+dnnl_sgemm";  // or "dnnl_matmul_bf16"
+  bool bf16_primitive_available = false;  // oneDNN has a (non-reference) bf16 matmul here
+  double bf16_primitive_speedup = 0;      // its measured rate / the widened path's (0: not measured)
+  std::string dnnl_isa;                   // oneDNN's effective ISA, e.g. "avx512_core_bf16"
+  bool bf16_uses_primitive() const { return bf16[0] == 'd'; }
+};
+// The first call decides (and, where both bf16 paths exist, times them once: a few ms).
+const GemmPaths& gemm_paths();
+// "f32 dnnl_sgemm, bf16 dnnl_matmul_bf16 (oneDNN's bf16 matmul ran 1.93x ...); oneDNN ISA avx512_core_bf16"
+std::string describe_gemm_paths();
 
 // ---- Embedding --------------------------------------------------------------
 // out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :]
@@ -116,5 +132,14 @@ void crossentropy_forward_backward(float* logits_inout, float* losses, const int
 // p -= lr · ( m/(1-β1^t) / (sqrt(v/(1-β2^t)) + eps) + weight_decay · p )     t = step ≥ 1
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
                   float eps, float weight_decay, int64_t step, float grad_scale);
+
+// ---- Peak arithmetic rate (cpu/peak.cpp) ------------------------------------------
+// This CPU's peak multiply-add rate for `dtype` at active_isa(), measured:
+// `threads` threads each run a register-only FMA loop (VDPBF16PS for bf16)
+// for `seconds`, all at once; returns the mean GFLOP/s per thread. 0 when the
+// CPU has no such instructions (bf16 without avx512_bf16 at the AVX-512 level).
+double measure_peak_gflops_per_core(DType dtype, int threads, double seconds);
+// False when measure_peak_gflops_per_core(dtype, ...) would return 0.
+bool peak_measurable(DType dtype);
 
 }  // namespace lattice::kernels

@@ -11,6 +11,7 @@
 namespace lattice::model {
 
 namespace k = lattice::kernels;
+using Pass = GroupHooks::Pass;
 
 // Parameter order inside a block group.
 enum BlockParam : size_t {
@@ -269,21 +270,40 @@ static void block_forward(ParamGroup& g, const LayerActs& a, const float* x, flo
   k::add_inplace(x_next, a.res1, N * C);
 }
 
+void GPT::params_in(size_t g, Pass pass) {
+  if (hooks_) hooks_->before_params(g, pass);
+}
+void GPT::params_out(size_t g, Pass pass) {
+  if (hooks_) hooks_->after_params(g, pass);
+}
+void GPT::grads_in(size_t g) {
+  if (hooks_) hooks_->before_grads(g);
+}
+void GPT::grads_out(size_t g) {
+  if (hooks_) hooks_->grads_done(g);
+}
+
 void GPT::forward_body(Slot& s, const int32_t* inputs) {
   const int B = s.B, T = s.T, C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
   const int64_t N = static_cast<int64_t>(B) * T;
   check_ids("token", inputs, N, config_.vocab_size);
   std::memcpy(s.inputs, inputs, N * sizeof(int32_t));
+  // The embedding's parameters stay in until the caller's head is done with wte.
+  params_in(embedding_index(), Pass::Forward);
   ParamGroup& e = embedding_group();
   // x₀ = wte[tokens] + wpe[0..T)
   k::embedding_forward(s.x[0], inputs, e.param(kWte), e.param(kWpe), B, T, C);
   for (int l = 0; l < L; l++) {
     const LayerActs& a = s.layers[l];
+    params_in(block_index(l), Pass::Forward);
     block_forward(block_group(l), a, s.x[l], s.x[l + 1], N, C,
                   [&] { k::attention_forward(a.atty, a.lse, a.qkv, B, T, C, NH); });
+    params_out(block_index(l), Pass::Forward);
   }
+  params_in(final_index(), Pass::Forward);
   ParamGroup& f = final_group();
   k::layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.x[L], f.param(kLnfW), f.param(kLnfB), N, C);
+  params_out(final_index(), Pass::Forward);
 }
 
 static float mean_of(const float* x, int64_t n) {
@@ -304,6 +324,7 @@ float GPT::forward(int slot_index, const int32_t* inputs, const int32_t* targets
   // logits = LN_f(x_L) · wteᵀ, then loss and dlogits in one pass:
   // dlogits = (loss_grad_scale / N) · (softmax - onehot).
   k::linear_forward(s.logits, s.lnf, embedding_group().param(kWte), nullptr, N, C, Vp);
+  params_out(embedding_index(), Pass::Forward);
   k::crossentropy_forward_backward(s.logits, s.losses, targets, N, V, Vp,
                                    loss_grad_scale / static_cast<float>(N));
   s.has_forward = true;
@@ -324,6 +345,7 @@ float GPT::evaluate(const int32_t* inputs, const int32_t* targets, int B, int T)
   const int C = config_.n_embd, V = config_.vocab_size, Vp = config_.padded_vocab();
   check_ids("target", targets, N, V);
   k::linear_forward(s.logits, s.lnf, embedding_group().param(kWte), nullptr, N, C, Vp);
+  params_out(embedding_index(), Pass::Forward);
   k::crossentropy_forward(s.losses, s.logits, targets, N, V, Vp);
   return mean_of(s.losses, N);
 }
@@ -335,6 +357,7 @@ const float* GPT::last_logits(const int32_t* inputs, int B, int T) {
   // Only the last position of each row: lnf rows (b, T-1), stride T·C.
   k::gemm(false, true, B, Vp, C, 1.0f, s.lnf + static_cast<int64_t>(T - 1) * C, static_cast<int64_t>(T) * C,
           embedding_group().param(kWte), C, 0.0f, s.logits, Vp);
+  params_out(embedding_index(), Pass::Forward);
   return s.logits;
 }
 
@@ -409,6 +432,7 @@ const float* GPT::decode(const int32_t* tokens, int n) {
                                                    << " do not fit the model's seq_len " << T
                                                    << " (decode_reset() starts over)");
   check_ids("token", tokens, n, config_.vocab_size);
+  params_in(embedding_index(), Pass::Forward);
   ParamGroup& e = embedding_group();
   // x = wte[tokens] + wpe[pos .. pos + n)
   k::embedding_forward(d.x, tokens, e.param(kWte), e.param(kWpe) + static_cast<int64_t>(pos) * C, 1, n, C);
@@ -417,6 +441,7 @@ const float* GPT::decode(const int32_t* tokens, int n) {
     float* keys = d.cache.as<float>() + static_cast<int64_t>(l) * 2 * T * C;
     float* values = keys + static_cast<int64_t>(T) * C;
     // The new positions' keys and values join the cache, then attend to all of it.
+    params_in(block_index(l), Pass::Forward);
     block_forward(block_group(l), a, d.x, d.x, n, C, [&] {
       for (int i = 0; i < n; i++) {
         const float* row = a.qkv + static_cast<int64_t>(i) * 3 * C;
@@ -425,12 +450,16 @@ const float* GPT::decode(const int32_t* tokens, int n) {
       }
       k::attention_decode(a.atty, a.qkv, 3 * C, keys, values, C, n, pos, C, NH);
     });
+    params_out(block_index(l), Pass::Forward);
   }
   // Logits of the last new position only.
+  params_in(final_index(), Pass::Forward);
   ParamGroup& f = final_group();
   k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, d.x + static_cast<int64_t>(n - 1) * C, f.param(kLnfW),
                        f.param(kLnfB), 1, C);
+  params_out(final_index(), Pass::Forward);
   k::gemm(false, true, 1, Vp, C, 1.0f, a.ln1, C, e.param(kWte), C, 0.0f, d.logits, Vp);
+  params_out(embedding_index(), Pass::Forward);
   d.tokens.insert(d.tokens.end(), tokens, tokens + n);
   return d.logits;
 }
@@ -570,8 +599,12 @@ void GPT::backward_input(int slot_index) {
   LATTICE_CHECK(s.has_forward && !s.has_backward_input,
                 "backward_input on micro-batch slot " << slot_index << " without a pending forward");
   prepare_grads(s, config_, true);
-  head_backward_input(s);
-  for (int l = config_.n_layer - 1; l >= 0; l--) layer_backward_input(s, l);
+  head_input_with_hooks(s);
+  for (int l = config_.n_layer - 1; l >= 0; l--) {
+    params_in(block_index(l), Pass::Backward);
+    layer_backward_input(s, l);
+    params_out(block_index(l), Pass::Backward);
+  }
   s.has_backward_input = true;
 }
 
@@ -580,9 +613,14 @@ void GPT::backward_weight(int slot_index) {
   LATTICE_CHECK(s.has_backward_input, "backward_weight on micro-batch slot " << slot_index
                                                                            << " before its backward_input");
   // Same order as backward(): head, blocks from last to first, embedding.
-  head_backward_weight(s);
-  for (int l = config_.n_layer - 1; l >= 0; l--) layer_backward_weight(s, l);
+  head_weight_with_hooks(s);
+  for (int l = config_.n_layer - 1; l >= 0; l--) {
+    grads_in(block_index(l));
+    layer_backward_weight(s, l);
+    grads_out(block_index(l));
+  }
   embedding_backward_weight(s);
+  grads_out(embedding_index());
   s.has_forward = s.has_backward_input = false;
 }
 
@@ -591,14 +629,36 @@ void GPT::backward(int slot_index) {
   LATTICE_CHECK(s.has_forward && !s.has_backward_input,
                 "backward on micro-batch slot " << slot_index << " without a pending forward");
   prepare_grads(s, config_, false);
-  head_backward_input(s);
-  head_backward_weight(s);
+  head_input_with_hooks(s);
+  head_weight_with_hooks(s);
   for (int l = config_.n_layer - 1; l >= 0; l--) {
+    params_in(block_index(l), Pass::Backward);
     layer_backward_input(s, l);
+    params_out(block_index(l), Pass::Backward);
+    grads_in(block_index(l));
     layer_backward_weight(s, l);
+    grads_out(block_index(l));
   }
   embedding_backward_weight(s);
+  grads_out(embedding_index());
   s.has_forward = false;
+}
+
+// The head's backward reads wte and ln_f's weights, then writes their
+// gradients (the embedding's are completed at the very end, by its scatter-add).
+void GPT::head_input_with_hooks(Slot& s) {
+  params_in(embedding_index(), Pass::Backward);
+  params_in(final_index(), Pass::Backward);
+  head_backward_input(s);
+  params_out(embedding_index(), Pass::Backward);
+  params_out(final_index(), Pass::Backward);
+}
+
+void GPT::head_weight_with_hooks(Slot& s) {
+  grads_in(embedding_index());
+  grads_in(final_index());
+  head_backward_weight(s);
+  grads_out(final_index());
 }
 
 void GPT::zero_grad() {

@@ -30,6 +30,38 @@ namespace lattice::model {
 struct Slot;         // one micro-batch's activations (gpt.cpp)
 struct DecodeState;  // the key/value cache of decode() (gpt.cpp)
 
+// What the model tells the parallel layers about its parameter groups as it
+// runs, so that data parallelism and ZeRO act at the right moments without
+// any of their code inside the model. Group indices are those of
+// GPT::groups(). Every method may block (e.g. to wait for a gather).
+//
+// Order of the calls (emb = embedding group 0, h_l = block l + 1, ln_f last):
+//   forward   before_params(emb), then per block before_params(h_l)
+//             after_params(h_l), before/after_params(ln_f), and after_params(emb)
+//             once the head has used the tied wte
+//   backward  before_params(emb, ln_f), after_params(emb, ln_f) around the
+//             head's input gradient; before_grads(emb, ln_f), grads_done(ln_f)
+//             around its weight gradients; per block from the last:
+//             before/after_params(h_l), before_grads(h_l), grads_done(h_l);
+//             grads_done(emb) after the embedding's scatter-add, last.
+// backward_input / backward_weight split the backward: parameters are read
+// in backward_input only, gradients are written in backward_weight.
+class GroupHooks {
+ public:
+  enum class Pass { Forward, Backward };
+  virtual ~GroupHooks() = default;
+  // Group g's parameters are about to be read (ZeRO-3 gathers them).
+  virtual void before_params(size_t g, Pass pass) { (void)g, (void)pass; }
+  // Group g's parameters are not read again in this pass (ZeRO-3 releases them).
+  virtual void after_params(size_t g, Pass pass) { (void)g, (void)pass; }
+  // This micro-batch's backward is about to write group g's gradients for
+  // the first time (ZeRO-2/3 make the buffer exist).
+  virtual void before_grads(size_t g) { (void)g; }
+  // Every gradient of group g from this micro-batch is written (data
+  // parallelism starts reducing them).
+  virtual void grads_done(size_t g) { (void)g; }
+};
+
 class GPT {
  public:
   // Declares, allocates and initialises every parameter from (seed, name, index).
@@ -89,6 +121,13 @@ class GPT {
   // context is not an extension of the cached tokens, the window is recomputed.
   const float* next_logits(const int32_t* context, int64_t n);
 
+  // Installs (or, with nullptr, removes) the hooks; not owned.
+  void set_hooks(GroupHooks* hooks) { hooks_ = hooks; }
+  GroupHooks* hooks() const { return hooks_; }
+  size_t embedding_index() const { return 0; }
+  size_t block_index(int layer) const { return 1 + static_cast<size_t>(layer); }
+  size_t final_index() const { return groups_.size() - 1; }
+
   // Marks every gradient stale (no memset): the next backward overwrites each
   // gradient on its first write and accumulates after (see ParamGroup::zero_grad).
   void zero_grad();
@@ -108,6 +147,13 @@ class GPT {
   void layer_backward_weight(Slot& s, int l);
   void head_backward_input(Slot& s);
   void head_backward_weight(Slot& s);
+  void head_input_with_hooks(Slot& s);
+  void head_weight_with_hooks(Slot& s);
+  // The GroupHooks calls (no-ops without hooks).
+  void params_in(size_t g, GroupHooks::Pass pass);
+  void params_out(size_t g, GroupHooks::Pass pass);
+  void grads_in(size_t g);
+  void grads_out(size_t g);
   void embedding_backward_weight(Slot& s);
   void linear_weight_grads(ParamGroup& g, int w, int b, const float* dout, const float* inp, int64_t N, int IC, int OC);
   void layernorm_weight_grads(ParamGroup& g, int w, int b, const float* dout, const float* inp, const float* mean,
@@ -118,6 +164,7 @@ class GPT {
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<Slot> eval_slot_;
   std::unique_ptr<DecodeState> decode_;
+  GroupHooks* hooks_ = nullptr;
 };
 
 }  // namespace lattice::model

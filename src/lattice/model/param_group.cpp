@@ -48,10 +48,52 @@ void ParamGroup::add(ParamInfo info) {
   params_.push_back(std::move(info));
 }
 
-void ParamGroup::allocate() {
-  data_ = Buffer(static_cast<size_t>(numel_) * sizeof(float), MemCategory::Params);
-  grad_ = Buffer(static_cast<size_t>(numel_) * sizeof(float), MemCategory::Grads);
+void ParamGroup::allocate(int64_t capacity) {
+  capacity_ = std::max(numel_, capacity);
+  data_ = Buffer(static_cast<size_t>(capacity_) * sizeof(float), MemCategory::Params);
+  grad_ = Buffer(static_cast<size_t>(capacity_) * sizeof(float), MemCategory::Grads);
+  data_ptr_ = data_.as<float>();
+  grad_ptr_ = grad_.as<float>();
   grad_written_.assign(params_.size(), 1);  // Buffer memory starts zeroed: a valid (zero) gradient
+}
+
+void ParamGroup::set_capacity(int64_t capacity) {
+  LATTICE_CHECK(data_ptr_ == data_.as<float>() && grad_ptr_ == grad_.as<float>() && !data_.empty(),
+                "ParamGroup " << name_ << ": set_capacity needs the group's own buffers");
+  if (capacity <= capacity_) return;
+  Buffer data(static_cast<size_t>(capacity) * sizeof(float), MemCategory::Params);
+  Buffer grad(static_cast<size_t>(capacity) * sizeof(float), MemCategory::Grads);
+  std::memcpy(data.data(), data_.data(), static_cast<size_t>(capacity_) * sizeof(float));
+  std::memcpy(grad.data(), grad_.data(), static_cast<size_t>(capacity_) * sizeof(float));
+  data_ = std::move(data);
+  grad_ = std::move(grad);
+  data_ptr_ = data_.as<float>();
+  grad_ptr_ = grad_.as<float>();
+  capacity_ = capacity;
+}
+
+void ParamGroup::release_own_params() {
+  if (data_ptr_ == data_.as<float>()) data_ptr_ = nullptr;
+  data_.reset();
+}
+
+void ParamGroup::release_own_grads() {
+  if (grad_ptr_ == grad_.as<float>()) grad_ptr_ = nullptr;
+  grad_.reset();
+}
+
+float* ParamGroup::checked_data() const {
+  LATTICE_CHECK(data_ptr_ != nullptr, "parameters of group " << name_
+                                                             << " are not resident here (ZeRO-3 gathers a group "
+                                                                "before each use; the hooks did not run)");
+  return data_ptr_;
+}
+
+float* ParamGroup::grad_storage() {
+  LATTICE_CHECK(grad_ptr_ != nullptr, "gradients of group " << name_
+                                                            << " have no buffer (ZeRO-2/3 attach one before the "
+                                                               "backward writes them; the hooks did not run)");
+  return grad_ptr_;
 }
 
 void ParamGroup::initialize(uint64_t seed) {
@@ -85,9 +127,10 @@ const ParamInfo* ParamGroup::find(const std::string& name) const {
 void ParamGroup::zero_grad() { std::fill(grad_written_.begin(), grad_written_.end(), 0); }
 
 float* ParamGroup::write_grad(size_t i, bool* accumulate) {
+  float* base = grad_storage();
   *accumulate = grad_written_[i] != 0;
   grad_written_[i] = 1;
-  return grad_.as<float>() + params_[i].offset;
+  return base + params_[i].offset;
 }
 
 void ParamGroup::check_grad_written(size_t i) const {
@@ -97,7 +140,7 @@ void ParamGroup::check_grad_written(size_t i) const {
 
 const float* ParamGroup::checked_grad() const {
   for (size_t i = 0; i < params_.size(); i++) check_grad_written(i);
-  return grad_.as<float>();
+  return const_cast<ParamGroup*>(this)->grad_storage();
 }
 
 }  // namespace lattice::model

@@ -68,8 +68,10 @@ class ParamGroup {
 
   // Declares a parameter; call allocate() after the last one.
   void add(ParamInfo info);
-  // Allocates the flat parameter and gradient buffers (gradients zeroed).
-  void allocate();
+  // Allocates the flat parameter and gradient buffers (zeroed), of
+  // max(numel(), capacity) elements: data parallelism pads a group to whole
+  // buckets (the tail past numel() stays zero).
+  void allocate(int64_t capacity = 0);
   // Fills every parameter from its InitSpec: element i of the full tensor of
   // parameter `name` gets init_normal(seed, name, i)·std, whatever slice this
   // rank holds, so every layout starts from the same weights.
@@ -79,9 +81,24 @@ class ParamGroup {
   const std::vector<ParamInfo>& params() const { return params_; }
   const ParamInfo* find(const std::string& name) const;
   int64_t numel() const { return numel_; }
+  int64_t capacity() const { return capacity_; }
+  // Grows the buffers to `capacity` elements, keeping their contents.
+  void set_capacity(int64_t capacity);
 
-  float* data() { return data_.as<float>(); }
-  const float* data() const { return data_.as<float>(); }
+  // Where the parameters and gradients live. Normally in the group's own
+  // buffers; ZeRO-3 frees those (each rank keeps a shard elsewhere) and
+  // attaches gathered memory only while a pass needs it, and ZeRO-2 does the
+  // same for gradients. attach_*(nullptr) detaches; attached memory must hold
+  // capacity() floats and is not owned.
+  void release_own_params();
+  void release_own_grads();
+  void attach_params(float* memory) { data_ptr_ = memory; }
+  void attach_grads(float* memory) { grad_ptr_ = memory; }
+  bool has_params() const { return data_ptr_ != nullptr; }
+  bool has_grads() const { return grad_ptr_ != nullptr; }
+
+  float* data() { return checked_data(); }
+  const float* data() const { return checked_data(); }
   // Gradients, for reading once a backward has written them (checked: reading
   // a parameter's gradient after zero_grad() and before any write is an error).
   float* grad() { return const_cast<float*>(checked_grad()); }
@@ -89,8 +106,10 @@ class ParamGroup {
   float* param(size_t i) { return data() + params_[i].offset; }
   float* param_grad(size_t i) {
     check_grad_written(i);
-    return grad_.as<float>() + params_[i].offset;
+    return grad_storage() + params_[i].offset;
   }
+  // The gradient buffer whatever its contents (for reductions; checked to exist).
+  float* grad_storage();
 
   // zero_grad() does not touch memory: it marks every gradient stale. The
   // first backward kernel to produce parameter i's gradient after it calls
@@ -105,14 +124,17 @@ class ParamGroup {
 
  private:
   const float* checked_grad() const;
+  float* checked_data() const;
   void check_grad_written(size_t i) const;
 
   std::string name_;
   std::vector<ParamInfo> params_;
   std::vector<uint8_t> grad_written_;  // per parameter, see zero_grad()
-  int64_t numel_ = 0;
+  int64_t numel_ = 0, capacity_ = 0;
   Buffer data_;
   Buffer grad_;
+  float* data_ptr_ = nullptr;  // data_ or attached memory
+  float* grad_ptr_ = nullptr;  // grad_ or attached memory
 };
 
 }  // namespace lattice::model

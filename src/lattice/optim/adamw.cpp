@@ -1,29 +1,81 @@
 #include "lattice/optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include "lattice/core/error.h"
 
 #include "lattice/kernels/ops.h"
 
 namespace lattice::optim {
 
-AdamW::AdamW(std::vector<model::ParamGroup>& groups, const AdamWConfig& config) : groups_(groups), config_(config) {
-  for (const model::ParamGroup& g : groups_) {
-    m_.emplace_back(static_cast<size_t>(g.numel()) * sizeof(float), MemCategory::Optimizer);
-    v_.emplace_back(static_cast<size_t>(g.numel()) * sizeof(float), MemCategory::Optimizer);
+AdamW::AdamW(std::vector<AdamWSegment> segments, std::unique_ptr<StateStore> store, const AdamWConfig& config)
+    : segments_(std::move(segments)), store_(std::move(store)), config_(config) {
+  int64_t end = 0;
+  for (const AdamWSegment& s : segments_) {
+    LATTICE_CHECK(s.state_offset >= end && s.n >= 0, "AdamW segments must be sorted and disjoint");
+    end = s.state_offset + s.n;
   }
+  LATTICE_CHECK(end <= store_->numel(), "AdamW segments reach element " << end << " of a state of "
+                                                                         << store_->numel());
+}
+
+static std::vector<AdamWSegment> whole_groups(std::vector<model::ParamGroup>& groups, std::vector<int64_t>* offsets,
+                                              int64_t* total) {
+  std::vector<AdamWSegment> segs;
+  int64_t base = 0;
+  for (model::ParamGroup& g : groups) {
+    offsets->push_back(base);
+    for (size_t p = 0; p < g.params().size(); p++) {
+      const model::ParamInfo& info = g.params()[p];
+      segs.push_back({g.param(p), nullptr, info.numel(), base + info.offset, info.weight_decay});
+    }
+    base += g.numel();
+  }
+  *total = base;
+  return segs;
+}
+
+AdamW::AdamW(std::vector<model::ParamGroup>& groups, const AdamWConfig& config) : config_(config) {
+  int64_t total = 0;
+  segments_ = whole_groups(groups, &group_offsets_, &total);
+  store_ = make_memory_store(total, 2);
+  // Gradient pointers are taken at each step (they are written after construction).
+  size_t i = 0;
+  for (model::ParamGroup& g : groups)
+    for (size_t p = 0; p < g.params().size(); p++, i++) segments_[i].grad = g.grad_storage() + g.params()[p].offset;
+}
+
+float* AdamW::group_state(int array, size_t g) {
+  LATTICE_CHECK(g < group_offsets_.size() && store_->resident(array),
+                "AdamW::m/v(group) needs the whole-groups optimizer with its state in memory");
+  return store_->resident(array) + group_offsets_[g];
 }
 
 void AdamW::step(float lr, float grad_scale) {
   step_++;
-  for (size_t gi = 0; gi < groups_.size(); gi++) {
-    model::ParamGroup& g = groups_[gi];
-    for (size_t p = 0; p < g.params().size(); p++) {
-      const model::ParamInfo& info = g.params()[p];
-      kernels::adamw_update(g.param(p), g.param_grad(p), m(gi) + info.offset, v(gi) + info.offset, info.numel(),
-                            lr, config_.beta1, config_.beta2, config_.eps,
-                            info.weight_decay ? config_.weight_decay : 0.0f, step_, grad_scale);
+  const bool store_has_params = store_->arrays() == 3;
+  size_t first = 0;  // segments are sorted: each window starts where the last stopped
+  store_->update_in_windows([&](int64_t begin, int64_t n, float* const* window) {
+    const int64_t end = begin + n;
+    while (first < segments_.size() && segments_[first].state_offset + segments_[first].n <= begin) first++;
+    for (size_t i = first; i < segments_.size() && segments_[i].state_offset < end; i++) {
+      const AdamWSegment& s = segments_[i];
+      const int64_t lo = std::max(begin, s.state_offset), hi = std::min(end, s.state_offset + s.n);
+      if (lo >= hi) continue;
+      const int64_t in_seg = lo - s.state_offset, in_win = lo - begin;
+      float* p = store_has_params ? window[StateStore::kP] + in_win : s.param + in_seg;
+      kernels::adamw_update(p, s.grad + in_seg, window[StateStore::kM] + in_win, window[StateStore::kV] + in_win,
+                            hi - lo, lr, config_.beta1, config_.beta2, config_.eps,
+                            s.decay ? config_.weight_decay : 0.0f, step_, grad_scale);
     }
-  }
+  });
+}
+
+double AdamW::grad_sum_squares() const {
+  double sum = 0;
+  for (const AdamWSegment& s : segments_) sum += kernels::sum_squares(s.grad, s.n);
+  return sum;
 }
 
 float lr_at(int64_t step, int64_t total_steps, int64_t warmup_steps, float max_lr, float min_lr) {

@@ -7,10 +7,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "lattice/core/memory.h"
 #include "lattice/model/param_group.h"
+#include "lattice/optim/state_store.h"
 
 namespace lattice::optim {
 
@@ -21,26 +23,51 @@ struct AdamWConfig {
   float weight_decay = 0.1f;
 };
 
+// One contiguous run of elements that AdamW updates with one weight-decay
+// flag: the parameters, their gradients, and their state at `state_offset`
+// in the StateStore. Under ZeRO a rank's segments cover only its shard; a
+// weight-decay flag is per run, so a shard boundary inside a tensor is fine.
+struct AdamWSegment {
+  float* param = nullptr;  // ignored when the store holds the parameters (kP)
+  const float* grad = nullptr;
+  int64_t n = 0;
+  int64_t state_offset = 0;
+  bool decay = false;
+};
+
 class AdamW {
  public:
-  // Allocates fp32 first and second moments (zero) for every group.
+  // Updates `segments` (sorted by state_offset, not overlapping), with the
+  // moments (and, with 3 arrays, the parameters) in `store`.
+  AdamW(std::vector<AdamWSegment> segments, std::unique_ptr<StateStore> store, const AdamWConfig& config);
+  // Every parameter of `groups`, whole, with moments in memory laid out like
+  // the groups' flat buffers one after another (m(g), v(g) below).
   AdamW(std::vector<model::ParamGroup>& groups, const AdamWConfig& config);
 
   // One update with learning rate `lr`; every gradient is multiplied by
-  // grad_scale first (clipping and loss-scale removal fold in here).
+  // grad_scale first (clipping, data-parallel averaging and loss-scale
+  // removal fold in here).
   void step(float lr, float grad_scale);
 
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t t) { step_ = t; }
-  // Moments of group g (same layout as the group's flat buffer).
-  float* m(size_t g) { return m_[g].as<float>(); }
-  float* v(size_t g) { return v_[g].as<float>(); }
   const AdamWConfig& config() const { return config_; }
+  StateStore& store() { return *store_; }
+  const std::vector<AdamWSegment>& segments() const { return segments_; }
+  // Σ grad² over the segments (this rank's part of the global norm), in double.
+  double grad_sum_squares() const;
+
+  // Moments of group g, for the groups constructor (memory store, whole groups).
+  float* m(size_t g) { return group_state(StateStore::kM, g); }
+  float* v(size_t g) { return group_state(StateStore::kV, g); }
 
  private:
-  std::vector<model::ParamGroup>& groups_;
+  float* group_state(int array, size_t g);
+
+  std::vector<AdamWSegment> segments_;
+  std::unique_ptr<StateStore> store_;
   AdamWConfig config_;
-  std::vector<Buffer> m_, v_;
+  std::vector<int64_t> group_offsets_;  // groups constructor only
   int64_t step_ = 0;
 };
 
@@ -51,7 +78,7 @@ class AdamW {
 // for step index s in [0, S).
 float lr_at(int64_t step, int64_t total_steps, int64_t warmup_steps, float max_lr, float min_lr);
 
-// √(Σ g²) over every gradient of the groups, accumulated in double.
+// √(Σ g²) over every gradient of the groups, accumulated in double (one process).
 double global_grad_norm(const std::vector<model::ParamGroup>& groups);
 // Σ g² of one group's gradients (the local part of a distributed norm).
 double grad_sum_squares(const model::ParamGroup& group);

@@ -6,6 +6,7 @@
 #include "lattice/io/checkpoint.h"
 #include "lattice/io/config.h"
 #include "lattice/io/safetensors.h"
+#include "lattice/parallel/data/data_parallel.h"
 #include "lattice/train/model_io.h"
 #include "lattice/train/trainer.h"
 
@@ -15,15 +16,39 @@ namespace fs = std::filesystem;
 
 static const char* kMomentSuffix[2] = {".exp_avg", ".exp_avg_sq"};
 
+// Whatever the layout, a checkpoint holds full logical tensors by HF name:
+// every group's parameters and moments are gathered over the data-parallel
+// ranks one group at a time (DataParallel::gather_full), and rank 0 alone
+// writes the directory (atomic, as io/checkpoint.h describes). So any layout
+// loads any checkpoint.
 std::string Trainer::save_checkpoint() {
   LATTICE_CHECK(!config_.checkpoint.dir.empty(), "save_checkpoint needs checkpoint.dir");
+  std::vector<HfTensor> params, moments[2];
+  const parallel::DataParallel::State which[3] = {parallel::DataParallel::State::Params,
+                                                  parallel::DataParallel::State::AdamM,
+                                                  parallel::DataParallel::State::AdamV};
+  for (size_t g = 0; g < model_->groups().size(); g++) {
+    const model::ParamGroup& group = model_->groups()[g];
+    std::vector<float> full(static_cast<size_t>(group.capacity()));
+    for (int k = 0; k < 3; k++) {
+      dp_->gather_full(g, which[k], full.data());
+      if (!is_root_) continue;
+      std::vector<HfTensor> part = export_hf_group(group, full.data());
+      std::vector<HfTensor>& into = k == 0 ? params : moments[k - 1];
+      for (HfTensor& t : part) into.push_back(std::move(t));
+    }
+  }
+  if (!is_root_) return "";
   io::CheckpointWriter w(config_.checkpoint.dir, step_);
-  save_model_safetensors(*model_, params_of(*model_), w.path("model.safetensors"),
-                         {{"format", "pt"}, {"n_head", std::to_string(config_.model.n_head)}});
+  {
+    io::SafeTensorsWriter model_file;
+    for (const HfTensor& t : params) model_file.add(t.name, DType::F32, t.shape, t.data.data());
+    model_file.set_metadata("format", "pt");
+    model_file.set_metadata("n_head", std::to_string(config_.model.n_head));
+    model_file.write(w.path("model.safetensors"));
+  }
   {
     io::SafeTensorsWriter opt;
-    std::vector<HfTensor> moments[2] = {export_hf(*model_, [this](size_t g) { return optimizer_->m(g); }),
-                                        export_hf(*model_, [this](size_t g) { return optimizer_->v(g); })};
     for (int k = 0; k < 2; k++)
       for (HfTensor& t : moments[k]) {
         t.name += kMomentSuffix[k];
@@ -33,11 +58,13 @@ std::string Trainer::save_checkpoint() {
   }
   io::JsonValue meta = io::JsonValue::object();
   meta.set("config", io::JsonValue::string(io::config_to_toml(config_)));
-  meta.set("adam_steps", io::JsonValue::integer(optimizer_->steps_taken()));
+  meta.set("adam_steps", io::JsonValue::integer(optimizer().steps_taken()));
   meta.set("tokens_seen", io::JsonValue::unsigned_integer(tokens_seen_));
   meta.set("seed", io::JsonValue::integer(config_.train.seed));
   meta.set("loss_scale", io::JsonValue::number(1.0));
   meta.set("train_loader", train_data_->state());
+  meta.set("saved_by", io::JsonValue::string("parallel.dp=" + std::to_string(config_.parallel.dp) +
+                                             " parallel.zero_stage=" + std::to_string(config_.parallel.zero_stage)));
   return w.commit(std::move(meta), config_.checkpoint.keep);
 }
 
@@ -72,15 +99,27 @@ static HfSource source_of(const io::SafeTensorsReader& r, const std::string& suf
 }
 
 void Trainer::load_checkpoint(const std::string& step_dir) {
+  // Every rank reads the directory (one filesystem for the job) and keeps its
+  // part of each full tensor.
   io::verify_checkpoint(step_dir);
   io::JsonValue meta = io::read_checkpoint_meta(step_dir);
   io::RunConfig saved = io::parse_config_text(meta.at("config").as_string(), step_dir + "/meta.json config", {});
   check_same_model(saved.model, config_.model, step_dir);
-  load_model_safetensors(*model_, params_of(*model_), (fs::path(step_dir) / "model.safetensors").string());
-  {
-    io::SafeTensorsReader r((fs::path(step_dir) / "optimizer.safetensors").string());
-    import_hf(*model_, [this](size_t g) { return optimizer_->m(g); }, source_of(r, kMomentSuffix[0]));
-    import_hf(*model_, [this](size_t g) { return optimizer_->v(g); }, source_of(r, kMomentSuffix[1]));
+  const std::string model_path = (fs::path(step_dir) / "model.safetensors").string();
+  io::SafeTensorsReader model_file(model_path);
+  io::SafeTensorsReader opt((fs::path(step_dir) / "optimizer.safetensors").string());
+  const HfSource sources[3] = {safetensors_source(model_file, model_path), source_of(opt, kMomentSuffix[0]),
+                               source_of(opt, kMomentSuffix[1])};
+  const parallel::DataParallel::State which[3] = {parallel::DataParallel::State::Params,
+                                                  parallel::DataParallel::State::AdamM,
+                                                  parallel::DataParallel::State::AdamV};
+  for (size_t g = 0; g < model_->groups().size(); g++) {
+    const model::ParamGroup& group = model_->groups()[g];
+    std::vector<float> full(static_cast<size_t>(group.capacity()), 0.0f);
+    for (int k = 0; k < 3; k++) {
+      import_hf_group(group, full.data(), sources[k]);
+      dp_->load_full(g, which[k], full.data());
+    }
   }
   int64_t step = 0, adam = 0;
   uint64_t tokens = 0;
@@ -88,7 +127,7 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
                     meta.at("tokens_seen").get_u64(&tokens),
                 "checkpoint '" << step_dir << "/meta.json' has a malformed step, adam_steps or tokens_seen");
   step_ = step;
-  optimizer_->set_steps_taken(adam);
+  optimizer().set_steps_taken(adam);
   tokens_seen_ = tokens;
   train_data_->restore(meta.at("train_loader"));
   if (is_root_ && options_.print) {

@@ -20,66 +20,71 @@ static std::vector<int64_t> hf_shape(const model::ParamInfo& p) {
   return s;
 }
 
-std::vector<HfTensor> export_hf(model::GPT& model, const GroupBuffer& buffer) {
+std::vector<HfTensor> export_hf_group(const model::ParamGroup& group, const float* base) {
   std::vector<HfTensor> out;
-  for (size_t g = 0; g < model.groups().size(); g++) {
-    const model::ParamGroup& group = model.groups()[g];
-    const float* base = buffer(g);
-    for (const model::ParamInfo& p : group.params()) {
-      LATTICE_CHECK(p.shard.split_dim < 0, "export of sharded parameter " << p.name << " needs a gather first");
-      HfTensor t;
-      t.name = p.name;
-      t.shape = hf_shape(p);
-      int64_t n = 1;
-      for (int64_t d : t.shape) n *= d;
-      t.data.resize(n);
-      const float* src = base + p.offset;
-      if (p.hf_conv1d) {
-        // lattice [out, in] → HF [in, out]
-        const int64_t rows = p.full_shape[0], cols = p.full_shape[1];
-        for (int64_t r = 0; r < rows; r++)
-          for (int64_t c = 0; c < cols; c++) t.data[c * rows + r] = src[r * cols + c];
-      } else {
-        std::memcpy(t.data.data(), src, n * sizeof(float));
-      }
-      out.push_back(std::move(t));
+  for (const model::ParamInfo& p : group.params()) {
+    LATTICE_CHECK(p.shard.split_dim < 0, "export of sharded parameter " << p.name << " needs a gather first");
+    HfTensor t;
+    t.name = p.name;
+    t.shape = hf_shape(p);
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    t.data.resize(n);
+    const float* src = base + p.offset;
+    if (p.hf_conv1d) {
+      // lattice [out, in] → HF [in, out]
+      const int64_t rows = p.full_shape[0], cols = p.full_shape[1];
+      for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) t.data[c * rows + r] = src[r * cols + c];
+    } else {
+      std::memcpy(t.data.data(), src, n * sizeof(float));
     }
+    out.push_back(std::move(t));
   }
   return out;
 }
 
-void import_hf(model::GPT& model, const GroupBuffer& buffer, const HfSource& src) {
+std::vector<HfTensor> export_hf(model::GPT& model, const GroupBuffer& buffer) {
+  std::vector<HfTensor> out;
   for (size_t g = 0; g < model.groups().size(); g++) {
-    model::ParamGroup& group = model.groups()[g];
-    float* base = buffer(g);
-    for (const model::ParamInfo& p : group.params()) {
-      std::vector<int64_t> want = hf_shape(p), have;
-      LATTICE_CHECK(src.shape_of(p.name, &have), src.source << ": no tensor '" << p.name << "' (shape "
-                                                            << shape_string(want) << ") for this model");
-      bool ok = have == want;
-      // A longer position table is accepted: the first model.seq_len rows are used.
-      if (!ok && p.name == "wpe.weight" && have.size() == 2 && have[1] == want[1] && have[0] > want[0]) ok = true;
-      LATTICE_CHECK(ok, src.source << ": tensor '" << p.name << "' has shape " << shape_string(have)
-                                   << " but this model needs " << shape_string(want)
-                                   << " (check model.n_layer/n_head/n_embd/vocab_size/seq_len)");
-      float* dst = base + p.offset;
-      int64_t n = 1;
-      for (int64_t d : want) n *= d;
-      if (p.hf_conv1d) {
-        std::vector<float> tmp(n);
-        src.read(p.name, 0, n, tmp.data());
-        const int64_t rows = p.full_shape[0], cols = p.full_shape[1];  // lattice [out, in]
-        for (int64_t r = 0; r < rows; r++)
-          for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = tmp[c * rows + r];
-      } else {
-        src.read(p.name, 0, n, dst);
-        if (p.real_rows >= 0) {  // padding rows stay zero
-          const int64_t row = p.full_shape[1];
-          std::memset(dst + p.real_rows * row, 0, (p.full_shape[0] - p.real_rows) * row * sizeof(float));
-        }
+    std::vector<HfTensor> part = export_hf_group(model.groups()[g], buffer(g));
+    for (HfTensor& t : part) out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void import_hf_group(const model::ParamGroup& group, float* base, const HfSource& src) {
+  for (const model::ParamInfo& p : group.params()) {
+    std::vector<int64_t> want = hf_shape(p), have;
+    LATTICE_CHECK(src.shape_of(p.name, &have), src.source << ": no tensor '" << p.name << "' (shape "
+                                                          << shape_string(want) << ") for this model");
+    bool ok = have == want;
+    // A longer position table is accepted: the first model.seq_len rows are used.
+    if (!ok && p.name == "wpe.weight" && have.size() == 2 && have[1] == want[1] && have[0] > want[0]) ok = true;
+    LATTICE_CHECK(ok, src.source << ": tensor '" << p.name << "' has shape " << shape_string(have)
+                                 << " but this model needs " << shape_string(want)
+                                 << " (check model.n_layer/n_head/n_embd/vocab_size/seq_len)");
+    float* dst = base + p.offset;
+    int64_t n = 1;
+    for (int64_t d : want) n *= d;
+    if (p.hf_conv1d) {
+      std::vector<float> tmp(n);
+      src.read(p.name, 0, n, tmp.data());
+      const int64_t rows = p.full_shape[0], cols = p.full_shape[1];  // lattice [out, in]
+      for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = tmp[c * rows + r];
+    } else {
+      src.read(p.name, 0, n, dst);
+      if (p.real_rows >= 0) {  // padding rows stay zero
+        const int64_t row = p.full_shape[1];
+        std::memset(dst + p.real_rows * row, 0, (p.full_shape[0] - p.real_rows) * row * sizeof(float));
       }
     }
   }
+}
+
+void import_hf(model::GPT& model, const GroupBuffer& buffer, const HfSource& src) {
+  for (size_t g = 0; g < model.groups().size(); g++) import_hf_group(model.groups()[g], buffer(g), src);
 }
 
 const io::TensorEntry* find_hf_tensor(const io::SafeTensorsReader& file, const std::string& name) {
@@ -98,27 +103,31 @@ void save_model_safetensors(model::GPT& model, const GroupBuffer& buffer, const 
 
 void load_model_safetensors(model::GPT& model, const GroupBuffer& buffer, const std::string& path) {
   io::SafeTensorsReader r(path);
-  auto resolve = [&r](const std::string& name) { return find_hf_tensor(r, name); };
+  import_hf(model, buffer, safetensors_source(r, path));
+}
+
+HfSource safetensors_source(const io::SafeTensorsReader& file, const std::string& path) {
+  const io::SafeTensorsReader* r = &file;  // the lambdas outlive this call; the reader must outlive them
   HfSource src;
   src.source = "checkpoint file '" + path + "'";
-  src.shape_of = [&](const std::string& name, std::vector<int64_t>* shape) {
-    const io::TensorEntry* e = resolve(name);
+  src.shape_of = [r](const std::string& name, std::vector<int64_t>* shape) {
+    const io::TensorEntry* e = find_hf_tensor(*r, name);
     if (!e) return false;
     *shape = e->shape;
     return true;
   };
-  src.read = [&](const std::string& name, int64_t first, int64_t count, float* out) {
-    const io::TensorEntry* e = resolve(name);
+  src.read = [r](const std::string& name, int64_t first, int64_t count, float* out) {
+    const io::TensorEntry* e = find_hf_tensor(*r, name);
     int64_t total = e->numel();
     if (first == 0 && count == total) {
-      r.read_f32(e->name, out, static_cast<size_t>(count));
+      r->read_f32(e->name, out, static_cast<size_t>(count));
       return;
     }
     std::vector<float> all(total);
-    r.read_f32(e->name, all.data(), static_cast<size_t>(total));
+    r->read_f32(e->name, all.data(), static_cast<size_t>(total));
     std::memcpy(out, all.data() + first, count * sizeof(float));
   };
-  import_hf(model, buffer, src);
+  return src;
 }
 
 }  // namespace lattice::train

@@ -29,6 +29,8 @@ using GroupBuffer = std::function<float*(size_t group)>;
 
 // Every parameter as a full logical tensor in HF layout.
 std::vector<HfTensor> export_hf(model::GPT& model, const GroupBuffer& buffer);
+// The parameters of one group, from `base`, its flat buffer in lattice layout.
+std::vector<HfTensor> export_hf_group(const model::ParamGroup& group, const float* base);
 
 // Fills every parameter from `lookup(name)`, which returns nullptr when the
 // tensor is absent (an error naming it) or a pointer to its shape and f32 data.
@@ -43,6 +45,8 @@ struct HfSource {
   std::string source;
 };
 void import_hf(model::GPT& model, const GroupBuffer& buffer, const HfSource& src);
+// One group's parameters into `base`, its flat buffer in lattice layout.
+void import_hf_group(const model::ParamGroup& group, float* base, const HfSource& src);
 
 // Convenience wrappers over safetensors files.
 void save_model_safetensors(model::GPT& model, const GroupBuffer& buffer, const std::string& path,
@@ -63,5 +67,7 @@ namespace lattice::train {
 // Tensor `name` of a HF GPT-2 file, with or without the "transformer." prefix
 // that GPT2LMHeadModel files put on their names; nullptr when absent.
 const io::TensorEntry* find_hf_tensor(const io::SafeTensorsReader& file, const std::string& name);
+// The tensors of an open safetensors file (r must outlive the source); `path` names it in errors.
+HfSource safetensors_source(const io::SafeTensorsReader& r, const std::string& path);
 
 }  // namespace lattice::train

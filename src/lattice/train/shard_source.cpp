@@ -18,6 +18,7 @@ class ShardSource : public BatchSource {
     s.set("pattern", io::JsonValue::string(pattern_));
     s.set("epoch", io::JsonValue::unsigned_integer(st.epoch));
     s.set("position", io::JsonValue::unsigned_integer(st.position));
+    s.set("global_batch", io::JsonValue::integer(loader_.global_batch()));
     return s;
   }
   void restore(const io::JsonValue& s) override {
@@ -26,12 +27,13 @@ class ShardSource : public BatchSource {
     data::DataLoader::State st{};
     LATTICE_CHECK(s.at("epoch").get_u64(&st.epoch) && s.at("position").get_u64(&st.position),
                   "checkpoint loader position is not a pair of integers");
+    check_global_batch(s, loader_.global_batch());
     loader_.restore(st);
   }
   std::string describe() const override {
     return "'" + pattern_ + "': " + std::to_string(loader_.shards().size()) + " shard(s), " +
            std::to_string(loader_.num_tokens()) + " tokens, " + std::to_string(loader_.steps_per_epoch()) +
-           " batches per epoch";
+           " steps of " + std::to_string(loader_.global_batch()) + " sequences per epoch";
   }
 
  private:
@@ -41,17 +43,33 @@ class ShardSource : public BatchSource {
 
 }  // namespace
 
-std::unique_ptr<BatchSource> make_shard_source(const std::string& pattern, int B, int T, int vocab_size,
-                                               uint64_t seed, bool shuffle, int dp_rank, int dp_size) {
+void check_global_batch(const io::JsonValue& state, int64_t global) {
+  // Positions count steps of one global batch. A checkpoint from before
+  // global batches were recorded counted micro-batches of dp × B, which is the
+  // same thing when each step had one micro-batch.
+  int64_t saved = 0;
+  const io::JsonValue* g = state.find("global_batch");
+  if (!g) return;
+  LATTICE_CHECK(g->get_i64(&saved), "checkpoint loader field 'global_batch' is not an integer");
+  LATTICE_CHECK(saved == global, "the checkpoint's data position counts steps of "
+                                     << saved << " sequences but this run's global batch is " << global
+                                     << " (parallel.dp x train.micro_batch_size x micro-batches per step); "
+                                        "resume with train.global_batch_size="
+                                     << saved << " to continue the same data stream");
+}
+
+std::unique_ptr<BatchSource> make_shard_source(const std::string& pattern, const BatchLayout& layout,
+                                               int vocab_size, uint64_t seed, bool shuffle) {
   data::LoaderOptions o;
   o.pattern = pattern;
-  o.B = B;
-  o.T = T;
+  o.B = layout.B;
+  o.T = layout.T;
   o.vocab_size = vocab_size;
   o.seed = seed;
   o.shuffle = shuffle;
-  o.dp_rank = dp_rank;
-  o.dp_size = dp_size;
+  o.dp_rank = layout.dp_rank;
+  o.dp_size = layout.dp_size;
+  o.micro_batches = layout.micro_batches;
   return std::make_unique<ShardSource>(o);
 }
 

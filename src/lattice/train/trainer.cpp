@@ -19,6 +19,8 @@
 #include "lattice/io/json.h"
 #include "lattice/io/metrics.h"
 #include "lattice/io/safetensors.h"
+#include "lattice/parallel/data/data_parallel.h"
+#include "lattice/parallel/zero/disk_store.h"
 #include "lattice/train/model_io.h"
 
 namespace lattice::train {
@@ -74,38 +76,29 @@ model::ModelConfig model_config_of(const io::ModelSection& m) {
   return c;
 }
 
-double peak_gflops_per_core() {
-  if (const char* env = std::getenv("LATTICE_PEAK_GFLOPS_PER_CORE")) {
-    char* end = nullptr;
-    double v = std::strtod(env, &end);
-    LATTICE_CHECK(end != env && *end == '\0' && v > 0,
-                  "LATTICE_PEAK_GFLOPS_PER_CORE must be a positive number, got '" << env << "'");
-    return v;
-  }
-  return 175.0;
-}
-
 Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
     : config_(config), options_(options), model_config_(model_config_of(config.model)) {
   io::validate_config(config_);
+  io::check_landed(config_);
   model_config_.validate();
-  is_root_ = comm::world_rank() == 0;
   const auto& p = config_.parallel;
   // The mesh first: sizes whose product is not the number of ranks started
   // are refused on every rank with one message naming the keys. Then every
   // parallel dimension not implemented yet is refused, naming its key.
   const comm::MeshSizes sizes{p.pp, p.dp, p.cp, p.tp, p.ep};
-  comm::validate_mesh_sizes(comm::world_size(), sizes);
-  comm::refuse_unimplemented(sizes);
-  mesh_ = std::make_unique<comm::ProcessMesh>(comm::ProcessMesh::create(sizes));
-  LATTICE_CHECK(p.zero_stage == 0, "parallel.zero_stage=" << p.zero_stage << " is not implemented yet; set 0");
-  LATTICE_CHECK(config_.precision.compute == "f32",
-                "precision.compute=" << config_.precision.compute << " is not implemented yet; set f32");
-  LATTICE_CHECK(config_.compression.grad == "none",
-                "compression.grad=" << config_.compression.grad << " is not implemented yet; set none");
+  const int ranks = options_.ranks ? options_.ranks->size() : comm::world_size();
+  comm::validate_mesh_sizes(ranks, sizes);
+  comm::refuse_unimplemented(sizes, {"dp"});
+  mesh_ = std::make_unique<comm::ProcessMesh>(options_.ranks ? comm::ProcessMesh::create(sizes, *options_.ranks)
+                                                             : comm::ProcessMesh::create(sizes));
+  is_root_ = mesh_->world_rank() == 0;
+  micro_batches_ = io::micro_batches_per_step(config_);
+  if (config_.zero.offload == "disk") parallel::check_offload_dir(config_.zero.offload_dir);
 
   set_num_threads(config_.train.threads);
-  peak_flops_ = peak_gflops_per_core() * 1e9 * num_threads();
+  // MFU is relative to this CPU's measured fp32 peak (machine.h).
+  peak_ = train::machine_peak(num_threads(), ranks == 1);
+  peak_flops_ = peak_.fp32_gflops_per_core * 1e9 * num_threads();
 
   const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
   const uint64_t seed = static_cast<uint64_t>(config_.train.seed);
@@ -117,20 +110,35 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   if (!config_.checkpoint.init_from.empty()) {
     load_model_safetensors(*model_, params_of(*model_), config_.checkpoint.init_from);
   }
-  optim::AdamWConfig ac;
-  ac.beta1 = static_cast<float>(config_.optim.beta1);
-  ac.beta2 = static_cast<float>(config_.optim.beta2);
-  ac.eps = static_cast<float>(config_.optim.eps);
-  ac.weight_decay = static_cast<float>(config_.optim.weight_decay);
-  optimizer_ = std::make_unique<optim::AdamW>(model_->groups(), ac);
+  // Data parallelism and ZeRO (one rank: stage 0 over a group of one, no
+  // communication) own the optimizer and the gradient reduction.
+  parallel::DataParallelOptions dpo;
+  dpo.zero_stage = p.zero_stage;
+  dpo.bucket_bytes = p.bucket_mb * 1024.0 * 1024.0;
+  dpo.progress = parallel::progress_from_env();
+  dpo.offload_to_disk = config_.zero.offload == "disk";
+  dpo.offload_dir = config_.zero.offload_dir;
+  dpo.offload_window_bytes = config_.zero.offload_window_mb * 1024.0 * 1024.0;
+  dpo.adam.beta1 = static_cast<float>(config_.optim.beta1);
+  dpo.adam.beta2 = static_cast<float>(config_.optim.beta2);
+  dpo.adam.eps = static_cast<float>(config_.optim.eps);
+  dpo.adam.weight_decay = static_cast<float>(config_.optim.weight_decay);
+  dp_ = std::make_unique<parallel::DataParallel>(*model_, mesh_->dp(), dpo);
 
+  // Each rank reads its part of every global batch (data/loader.h).
+  BatchLayout layout;
+  layout.B = B;
+  layout.T = T;
+  layout.dp_rank = mesh_->coord().dp;
+  layout.dp_size = p.dp;
+  layout.micro_batches = micro_batches_;
   const int V = config_.model.vocab_size;
   if (config_.data.train.empty()) {
-    train_data_ = make_synthetic_source(B, T, V, seed, 0, 0, 1);
-    val_data_ = make_synthetic_source(B, T, V, seed, 1, 0, 1);
+    train_data_ = make_synthetic_source(layout, V, seed, 0);
+    val_data_ = make_synthetic_source(layout, V, seed, 1);
   } else {
-    train_data_ = make_shard_source(config_.data.train, B, T, V, seed, true, 0, 1);
-    if (!config_.data.val.empty()) val_data_ = make_shard_source(config_.data.val, B, T, V, seed, false, 0, 1);
+    train_data_ = make_shard_source(config_.data.train, layout, V, seed, true);
+    if (!config_.data.val.empty()) val_data_ = make_shard_source(config_.data.val, layout, V, seed, false);
   }
   inputs_.resize(static_cast<size_t>(B) * T);
   targets_.resize(static_cast<size_t>(B) * T);
@@ -150,6 +158,8 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
     metrics_ = std::make_unique<io::MetricsWriter>(config_.log.metrics_file, !resumed);
   }
 }
+
+optim::AdamW& Trainer::optimizer() { return dp_->optimizer(); }
 
 void trim_metrics_after(const std::string& path, int64_t step) {
   std::ifstream in(path);
@@ -181,24 +191,30 @@ Trainer::~Trainer() = default;
 StepStats Trainer::train_step() {
   Timer timer;
   const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
-  const int accum = config_.train.grad_accum_steps;
-  model_->zero_grad();
-  double loss = 0;
-  for (int m = 0; m < accum; m++) {
+  const int micro = micro_batches_, ranks = dp_->ranks();
+  dp_->begin_step();
+  double loss_sum = 0;
+  for (int m = 0; m < micro; m++) {
+    dp_->begin_micro_batch(m == micro - 1);
     train_data_->next(inputs_.data(), targets_.data());
-    loss += model_->forward(0, inputs_.data(), targets_.data(), B, T, 1.0f / static_cast<float>(accum));
+    loss_sum += model_->forward(0, inputs_.data(), targets_.data(), B, T, 1.0f / static_cast<float>(micro));
     model_->backward(0);
   }
-  loss /= accum;
-  const double norm = optim::global_grad_norm(model_->groups());
+  dp_->finish_gradients();
+  // The gradients now hold the sum over ranks of each rank's mean over its
+  // micro-batches: 1/ranks makes it the mean over the global batch.
+  const double loss = dp_->sum_over_ranks(loss_sum) / (static_cast<double>(micro) * ranks);
+  const double norm = std::sqrt(dp_->grad_sum_squares()) / ranks;
   const float lr = optim::lr_at(step_, config_.train.steps, config_.optim.warmup_steps,
                                 static_cast<float>(config_.optim.lr), static_cast<float>(config_.optim.min_lr));
+  // Loss and norm are reduced: every rank takes this decision alike.
   LATTICE_CHECK(std::isfinite(loss) && std::isfinite(norm),
                 "step " << step_ + 1 << ": loss " << loss << ", grad norm " << norm
                         << " is not finite; lower optim.lr or check the data");
-  optimizer_->step(lr, optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)));
+  dp_->optimizer_step(lr, optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) /
+                              static_cast<float>(ranks));
   step_++;
-  const double tokens = static_cast<double>(B) * T * accum;
+  const double tokens = static_cast<double>(io::global_batch_size(config_)) * T;
   tokens_seen_ += static_cast<uint64_t>(tokens);
 
   StepStats s;
@@ -208,8 +224,13 @@ StepStats Trainer::train_step() {
   s.grad_norm = norm;
   s.step_ms = timer.millis();
   s.tokens_per_sec = tokens / (s.step_ms / 1e3);
-  s.mfu = s.tokens_per_sec * model_config_.flops_per_token(T) / peak_flops_;
+  // Model FLOPs of the whole job over the peak of every rank's threads.
+  s.mfu = s.tokens_per_sec * model_config_.flops_per_token(T) / (peak_flops_ * ranks);
   s.peak_mem_bytes = MemoryTracker::instance().peak_total();
+  const parallel::DataParallel::StepComm c = dp_->last_step_comm();
+  s.comm_ms = c.ran_s * 1e3;
+  s.comm_hidden = c.hidden();
+  s.comm_bytes = c.bytes;
   return s;
 }
 
@@ -218,11 +239,20 @@ double Trainer::evaluate() {
   const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
   val_data_->reset();
   double sum = 0;
-  for (int i = 0; i < config_.train.eval_steps; i++) {
-    val_data_->next(inputs_.data(), targets_.data());
-    sum += model_->evaluate(inputs_.data(), targets_.data(), B, T);
-  }
-  return sum / config_.train.eval_steps;
+  for (int i = 0; i < config_.train.eval_steps; i++)
+    for (int m = 0; m < micro_batches_; m++) {
+      val_data_->next(inputs_.data(), targets_.data());
+      sum += model_->evaluate(inputs_.data(), targets_.data(), B, T);
+    }
+  return dp_->sum_over_ranks(sum) / (static_cast<double>(config_.train.eval_steps) * micro_batches_ * dp_->ranks());
+}
+
+int Trainer::stop_requested() {
+  int local = g_stop_signal.load();
+  if (mesh_->world().size() == 1) return local;
+  float flag = static_cast<float>(local);
+  mesh_->world().all_reduce(&flag, 1, DType::F32, comm::ReduceOp::Max);
+  return static_cast<int>(flag);
 }
 
 void Trainer::print_header() const {
@@ -231,16 +261,23 @@ void Trainer::print_header() const {
   std::printf("lattice: GPT %s parameters (n_layer=%d n_head=%d n_embd=%d vocab=%d seq_len=%d)\n",
               human_count(static_cast<double>(model_->num_params())).c_str(), m.n_layer, m.n_head, m.n_embd,
               m.vocab_size, m.seq_len);
-  std::printf("lattice: batch %d x %d tokens x %d accumulation = %d tokens/step, %lld steps, %d threads\n",
-              config_.train.micro_batch_size, m.seq_len, config_.train.grad_accum_steps,
-              config_.train.micro_batch_size * m.seq_len * config_.train.grad_accum_steps,
+  std::printf("lattice: batch %d x %d tokens x %d micro-batches x %d ranks = %lld tokens/step, %lld steps, "
+              "%d threads per rank\n",
+              config_.train.micro_batch_size, m.seq_len, micro_batches_, config_.parallel.dp,
+              static_cast<long long>(io::global_batch_size(config_) * m.seq_len),
               static_cast<long long>(config_.train.steps), num_threads());
+  std::printf("lattice: %s\n", dp_->describe().c_str());
+  if (config_.parallel.zero_stage > 0 && config_.parallel.dp == 1)
+    std::printf("lattice: note: parallel.zero_stage=%d with parallel.dp=1 has nothing to shard; the run is the "
+                "same as stage 0%s\n",
+                config_.parallel.zero_stage, config_.zero.offload == "disk" ? " (the offload still applies)" : "");
   std::printf("lattice: data %s\n", train_data_->describe().c_str());
   if (val_data_ && config_.train.eval_every > 0)
     std::printf("lattice: eval every %lld steps on %s\n", static_cast<long long>(config_.train.eval_every),
                 val_data_->describe().c_str());
-  std::printf("lattice: MFU relative to %.0f GFLOP/s (%d threads x %.0f; set LATTICE_PEAK_GFLOPS_PER_CORE)\n",
-              peak_flops_ / 1e9, num_threads(), peak_gflops_per_core());
+  std::printf("lattice: machine %s\n", describe_machine().c_str());
+  std::printf("lattice: MFU relative to %.0f GFLOP/s fp32 (%d threads x %.1f, %s; LATTICE_PEAK_GFLOPS_PER_CORE overrides)\n",
+              peak_flops_ / 1e9, num_threads(), peak_.fp32_gflops_per_core, peak_.source.c_str());
   std::fflush(stdout);
 }
 
@@ -248,11 +285,14 @@ void Trainer::print_step(const StepStats& s) const {
   if (!options_.print || !is_root_) return;
   char val[48] = "";
   if (s.val_loss >= 0) std::snprintf(val, sizeof val, " | val %.4f", s.val_loss);
-  std::printf("step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %.1f ms | %s tok/s | MFU %.1f%% | mem %s\n",
+  char comm[64] = "";
+  if (dp_->ranks() > 1)
+    std::snprintf(comm, sizeof comm, " | comm %.0f ms, %.0f%% hidden", s.comm_ms, 100.0 * s.comm_hidden);
+  std::printf("step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %.1f ms | %s tok/s | MFU %.1f%% | mem %s%s\n",
               static_cast<int>(std::to_string(config_.train.steps).size()), static_cast<long long>(s.step),
               static_cast<long long>(config_.train.steps), s.loss, val, s.lr, s.grad_norm, s.step_ms,
               human_count(s.tokens_per_sec).c_str(), 100.0 * s.mfu,
-              format_bytes(static_cast<double>(s.peak_mem_bytes)).c_str());
+              format_bytes(static_cast<double>(s.peak_mem_bytes)).c_str(), comm);
   std::fflush(stdout);
 }
 
@@ -278,16 +318,20 @@ int Trainer::run() {
           {"tokens_per_sec", s.tokens_per_sec},
           {"mfu", s.mfu},
           {"peak_mem_bytes", static_cast<double>(s.peak_mem_bytes)},
-          {"tokens", static_cast<double>(tokens_seen_)}};
+          {"tokens", static_cast<double>(tokens_seen_)},
+          {"comm_ms", s.comm_ms},
+          {"comm_hidden", s.comm_hidden},
+          {"comm_bytes", static_cast<double>(s.comm_bytes)}};
       if (s.val_loss >= 0) fields.push_back({"val_loss", s.val_loss});
       metrics_->write(fields);
     }
     const bool want_ckpt = !config_.checkpoint.dir.empty() &&
                            ((config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0) || last);
-    if (g_stop_signal.load() != 0) {
+    // One decision for the job: a signal on any rank stops every rank after
+    // this same step.
+    if (const int signal = stop_requested(); signal != 0) {
       if (is_root_ && options_.print)
-        std::printf("lattice: interrupted (signal %d) after step %lld\n", g_stop_signal.load(),
-                    static_cast<long long>(step_));
+        std::printf("lattice: interrupted (signal %d) after step %lld\n", signal, static_cast<long long>(step_));
       if (!config_.checkpoint.dir.empty()) {
         std::string dir = save_checkpoint();
         if (is_root_ && options_.print) std::printf("lattice: saved %s; resume with --set checkpoint.resume=latest\n", dir.c_str());
@@ -310,8 +354,7 @@ int Trainer::run() {
     int counted = 0;
     for (size_t i = history_.size() > 1 ? 1 : 0; i < history_.size(); i++, counted++) ms += history_[i].step_ms;
     if (counted > 0 && ms > 0)
-      tok_s = counted * static_cast<double>(config_.train.micro_batch_size) * config_.model.seq_len *
-              config_.train.grad_accum_steps / (ms / 1e3);
+      tok_s = counted * static_cast<double>(io::global_batch_size(config_)) * config_.model.seq_len / (ms / 1e3);
     std::printf("lattice: done, %lld steps in %.1f s, final loss %.4f", static_cast<long long>(ran),
                 total.seconds(), history_.empty() ? 0.0 : history_.back().loss);
     for (auto it = history_.rbegin(); it != history_.rend(); ++it)
@@ -320,7 +363,7 @@ int Trainer::run() {
         break;
       }
     std::printf(", %s tok/s, MFU %.1f%%\n", human_count(tok_s).c_str(),
-                100.0 * tok_s * model_config_.flops_per_token(config_.model.seq_len) / peak_flops_);
+                100.0 * tok_s * model_config_.flops_per_token(config_.model.seq_len) / (peak_flops_ * dp_->ranks()));
     std::printf("lattice: peak memory %s\n", MemoryTracker::instance().summary().c_str());
     std::fflush(stdout);
   }

@@ -1,11 +1,18 @@
 // Trainer: builds the model, optimizer, data and logging from a RunConfig and
-// runs the step loop.
+// runs the step loop, on one process or as one rank of a data-parallel job.
 //
-// One optimizer step = grad_accum_steps micro-batches, each forward + backward
-// with its loss scaled by 1/grad_accum_steps, then the global gradient norm,
-// clipping, the learning rate of this step and one AdamW update. Every step
-// prints one line (step, loss, lr, grad norm, ms, tokens/s, MFU, peak memory)
-// and appends one JSON object to log.metrics_file.
+// One optimizer step = one global batch (train.global_batch_size, or dp ×
+// micro_batch_size × grad_accum_steps sequences): each data-parallel rank
+// runs its micro-batches (forward + backward, loss scaled by 1/micro-batches),
+// the gradients are summed over the ranks (parallel::DataParallel, with the
+// ZeRO stage's sharding), then the global gradient norm, clipping, this
+// step's learning rate and one AdamW update on each rank's shard. Every step
+// prints one line on rank 0 (step, loss, lr, grad norm, ms, tokens/s, MFU,
+// peak memory, and with dp > 1 the communication time and the share of it
+// hidden behind the backward) and appends one JSON object to
+// log.metrics_file. Loss, token counts and norms are reduced over the ranks,
+// so the line describes the whole job; the run's decisions (stop on a
+// signal, refuse a non-finite step) are taken once for every rank.
 #pragma once
 
 #include <cstdint>
@@ -17,12 +24,17 @@
 #include "lattice/model/gpt.h"
 #include "lattice/optim/adamw.h"
 #include "lattice/train/batches.h"
+#include "lattice/train/machine.h"
 
 namespace lattice::io {
 class MetricsWriter;
 }
 namespace lattice::comm {
+class Communicator;
 class ProcessMesh;
+}
+namespace lattice::parallel {
+class DataParallel;
 }
 
 namespace lattice::train {
@@ -30,11 +42,18 @@ namespace lattice::train {
 struct StepStats {
   int64_t step = 0;  // 1-based: the number of optimizer steps taken
   double loss = 0, lr = 0, grad_norm = 0, step_ms = 0, tokens_per_sec = 0, mfu = 0, val_loss = -1;
-  size_t peak_mem_bytes = 0;
+  size_t peak_mem_bytes = 0;  // this rank's
+  // Data-parallel communication of the step (0 with one rank).
+  double comm_ms = 0;       // time the collectives ran
+  double comm_hidden = 1;   // share of it that overlapped computation
+  uint64_t comm_bytes = 0;  // bytes this rank sent
 };
 
 struct TrainerOptions {
   bool print = true;  // the per-step line and the run header/summary (rank 0)
+  // Ranks to lay the mesh over; null = every rank of the job (MPI_COMM_WORLD).
+  // Tests use a one-rank split to run a reference beside a parallel layout.
+  comm::Communicator* ranks = nullptr;
 };
 
 class Trainer {
@@ -48,7 +67,8 @@ class Trainer {
   int run();
   // One optimizer step.
   StepStats train_step();
-  // Mean loss over train.eval_steps batches of the val data (restarted each time).
+  // Mean loss over train.eval_steps global batches of the val data
+  // (restarted each time), over every rank.
   double evaluate();
   // Writes checkpoint.dir/step_NNNNNN (model, optimizer, meta.json).
   std::string save_checkpoint();
@@ -56,30 +76,39 @@ class Trainer {
   void load_checkpoint(const std::string& step_dir);
 
   model::GPT& model() { return *model_; }
-  optim::AdamW& optimizer() { return *optimizer_; }
+  optim::AdamW& optimizer();
+  parallel::DataParallel& data_parallel() { return *dp_; }
+  const comm::ProcessMesh& mesh() const { return *mesh_; }
+  // Micro-batches each rank runs per step.
+  int micro_batches() const { return micro_batches_; }
   int64_t step() const { return step_; }
   const io::RunConfig& config() const { return config_; }
   const std::vector<StepStats>& history() const { return history_; }
-  // Peak FLOP/s that MFU is relative to (threads × per-core peak).
+  // Peak FLOP/s that MFU is relative to (threads × measured per-core peak).
   double peak_flops() const { return peak_flops_; }
+  const MachinePeak& machine_peak() const { return peak_; }
 
  private:
   void print_header() const;
   void print_step(const StepStats& s) const;
+  // The signal number if any rank was asked to stop, else 0 (collective).
+  int stop_requested();
 
   io::RunConfig config_;
   TrainerOptions options_;
   std::unique_ptr<comm::ProcessMesh> mesh_;
   model::ModelConfig model_config_;
   std::unique_ptr<model::GPT> model_;
-  std::unique_ptr<optim::AdamW> optimizer_;
+  std::unique_ptr<parallel::DataParallel> dp_;
   std::unique_ptr<BatchSource> train_data_, val_data_;
   std::unique_ptr<io::MetricsWriter> metrics_;
   std::vector<int32_t> inputs_, targets_;
   std::vector<StepStats> history_;
   int64_t step_ = 0;
+  int micro_batches_ = 1;
   uint64_t tokens_seen_ = 0;
   double peak_flops_ = 0;
+  MachinePeak peak_;
   bool is_root_ = true;
 };
 
@@ -89,11 +118,5 @@ void trim_metrics_after(const std::string& path, int64_t step);
 
 // The model's shape from the [model] section.
 model::ModelConfig model_config_of(const io::ModelSection& model);
-
-// Model FLOPs per second of one core at fp32 that MFU divides by: the
-// environment variable LATTICE_PEAK_GFLOPS_PER_CORE, else 175 (measured on the
-// project's reference CPU: 2 AVX-512 FMA units at 2.8 GHz ≈ 179 GFLOP/s
-// theoretical, 175 achieved by a register-blocked FMA loop).
-double peak_gflops_per_core();
 
 }  // namespace lattice::train

@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "lattice/core/error.h"
+#include "lattice/kernels/cpu/simd.h"
 #include "lattice/kernels/cpu/vec_math.h"
 #include "lattice/kernels/ops.h"
 
@@ -23,7 +24,6 @@ struct AdamWCoefficients {
   float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, decay, step_size, sqrt_bc2, grad_scale;
 };
 
-LATTICE_SIMD_CLONES
 void adamw_range(float* param, const float* grad, float* m, float* v, int64_t begin, int64_t end,
                  AdamWCoefficients k) {
   for (int64_t i = begin; i < end; ++i) {
@@ -54,14 +54,14 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   k.step_size = static_cast<float>(lr / bc1);
   k.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
   k.grad_scale = grad_scale;
-  if (n < (1 << 15) || omp_in_parallel()) return adamw_range(param, grad, m, v, 0, n, k);
+  if (n < (1 << 15) || omp_in_parallel()) return cpu::simd([&] { return adamw_range(param, grad, m, v, 0, n, k); });
 #pragma omp parallel
   {
     int64_t begin, end;
     cpu::split_range(n, omp_get_num_threads(), omp_get_thread_num(), &begin, &end);
     begin = begin == 0 ? 0 : std::min(n, (begin + 15) / 16 * 16);
     end = end == n ? n : std::min(n, (end + 15) / 16 * 16);
-    if (begin < end) adamw_range(param, grad, m, v, begin, end, k);
+    if (begin < end) cpu::simd([&] { return adamw_range(param, grad, m, v, begin, end, k); });
   }
 }
 

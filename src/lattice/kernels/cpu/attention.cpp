@@ -32,6 +32,7 @@
 #include "lattice/core/error.h"
 #include "lattice/core/memory.h"
 #include "lattice/kernels/cpu/gemm_internal.h"
+#include "lattice/kernels/cpu/simd.h"
 #include "lattice/kernels/cpu/vec_math.h"
 #include "lattice/kernels/ops.h"
 
@@ -70,7 +71,6 @@ const CausalMask kCausalMask;
 
 // The tile's columns [i0, keys) are the diagonal block: adds -inf above the
 // diagonal (key j > query i0 + r).
-LATTICE_SIMD_CLONES
 void mask_future(float* S, int rows, int keys, int i0) {
   const int width = keys - i0;
   for (int r = 0; r < rows; ++r) {
@@ -84,7 +84,6 @@ void mask_future(float* S, int rows, int keys, int i0) {
 // the unnormalised E = exp(S - m) and writes inv_l = 1/l and lse = m + log l
 // per row; the 1/l is applied to the hs-wide output rows after the PV product
 // instead of to the keys-wide tile.
-LATTICE_SIMD_CLONES
 void softmax_rows(float* S, float* lse, float* inv_l, int rows, int keys) {
   for (int r = 0; r < rows; ++r) {
     float* s = S + static_cast<int64_t>(r) * keys;
@@ -104,7 +103,6 @@ void softmax_rows(float* S, float* lse, float* inv_l, int rows, int keys) {
 }
 
 // out[r, :] *= inv_l[r] for the rows of one block of one head.
-LATTICE_SIMD_CLONES
 void scale_rows(float* out, const float* inv_l, int rows, int hs, int64_t ld) {
   for (int r = 0; r < rows; ++r) {
     float* o = out + r * ld;
@@ -114,7 +112,6 @@ void scale_rows(float* out, const float* inv_l, int rows, int hs, int64_t ld) {
 }
 
 // S (future keys already -inf) ← P = exp(S - lse_i); dP ← dS = P ⊙ (dP - D_i).
-LATTICE_SIMD_CLONES
 void recompute_p_and_ds(float* S, float* dP, const float* lse, const float* D, int rows, int keys) {
   for (int r = 0; r < rows; ++r) {
     float* s = S + static_cast<int64_t>(r) * keys;
@@ -129,7 +126,6 @@ void recompute_p_and_ds(float* S, float* dP, const float* lse, const float* D, i
 }
 
 // D_i = Σ_d dout_id · out_id for the T rows of one head.
-LATTICE_SIMD_CLONES
 void row_dots(float* D, const float* dout, const float* out, int T, int hs, int64_t ld) {
   for (int i = 0; i < T; ++i) {
     const float* a = dout + i * ld;
@@ -180,10 +176,10 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
     float* inv_l = S + tile;
     float* o = out + (b * T + i0) * C + h * hs;
     small_gemm(false, true, rows, keys, hs, scale, q, ld_qkv, k, ld_qkv, 0.0f, S, keys);
-    mask_future(S, rows, keys, i0);
-    softmax_rows(S, lse + bh * T + i0, inv_l, rows, keys);
+    cpu::simd([&] { return mask_future(S, rows, keys, i0); });
+    cpu::simd([&] { return softmax_rows(S, lse + bh * T + i0, inv_l, rows, keys); });
     small_gemm(false, false, rows, hs, keys, 1.0f, S, keys, v, ld_qkv, 0.0f, o, C);
-    scale_rows(o, inv_l, rows, hs, C);
+    cpu::simd([&] { return scale_rows(o, inv_l, rows, hs, C); });
   }
 }
 
@@ -213,7 +209,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     float* dv = dq + 2 * C;
     const float* dy = dout + b * T * C + h * hs;
     const float* lse_bh = lse + bh * T;
-    row_dots(D, dy, out + b * T * C + h * hs, T, hs, C);
+    cpu::simd([&] { return row_dots(D, dy, out + b * T * C + h * hs, T, hs, C); });
     zero_rows(dk, T, hs, ld_qkv);
     zero_rows(dv, T, hs, ld_qkv);
     for (int qb = 0; qb < query_blocks; ++qb) {
@@ -222,8 +218,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       const float* dy_blk = dy + static_cast<int64_t>(i0) * C;
       small_gemm(false, true, rows, keys, hs, scale, q_blk, ld_qkv, k, ld_qkv, 0.0f, P, keys);
       small_gemm(false, true, rows, keys, hs, 1.0f, dy_blk, C, v, ld_qkv, 0.0f, dP, keys);
-      mask_future(P, rows, keys, i0);
-      recompute_p_and_ds(P, dP, lse_bh + i0, D + i0, rows, keys);
+      cpu::simd([&] { return mask_future(P, rows, keys, i0); });
+      cpu::simd([&] { return recompute_p_and_ds(P, dP, lse_bh + i0, D + i0, rows, keys); });
       small_gemm(true, false, keys, hs, rows, 1.0f, P, keys, dy_blk, C, 1.0f, dv, ld_qkv);
       small_gemm(false, false, rows, hs, keys, scale, dP, keys, k, ld_qkv, 0.0f, dq + i0 * ld_qkv, ld_qkv);
       small_gemm(true, false, keys, hs, rows, scale, dP, keys, q_blk, ld_qkv, 1.0f, dk, ld_qkv);
@@ -232,7 +228,6 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 }
 
 // One query row against keys [0, visible): scores into s, then out = softmax(s)·V.
-LATTICE_SIMD_CLONES
 void decode_row(float* out, const float* q, const float* keys, const float* values, int64_t ld_kv, int visible,
                 int hs, float scale, float* s) {
   float m = -INFINITY;
@@ -271,8 +266,8 @@ void attention_decode(float* out, const float* q, int64_t ldq, const float* keys
 #pragma omp parallel for schedule(dynamic, 1) if (static_cast<int64_t>(n) * NH * visible_max * hs > (1 << 16))
   for (int64_t task = 0; task < static_cast<int64_t>(n) * NH; ++task) {
     const int i = static_cast<int>(task / NH), h = static_cast<int>(task % NH);
-    decode_row(out + static_cast<int64_t>(i) * C + h * hs, q + i * ldq + h * hs, keys + h * hs, values + h * hs,
-               ld_kv, pos + i + 1, hs, scale, scores + omp_get_thread_num() * visible_max);
+    cpu::simd([&] { return decode_row(out + static_cast<int64_t>(i) * C + h * hs, q + i * ldq + h * hs, keys + h * hs, values + h * hs,
+               ld_kv, pos + i + 1, hs, scale, scores + omp_get_thread_num() * visible_max); });
   }
 }
 

@@ -10,13 +10,13 @@
 #include <cmath>
 
 #include "lattice/core/error.h"
+#include "lattice/kernels/cpu/simd.h"
 #include "lattice/kernels/cpu/vec_math.h"
 #include "lattice/kernels/ops.h"
 
 namespace lattice::kernels {
 namespace {
 
-LATTICE_SIMD_CLONES
 float row_max(const float* z, int V) {
   float m = -INFINITY;
 #pragma omp simd reduction(max : m)
@@ -30,7 +30,6 @@ float row_max(const float* z, int V) {
 // inside the loop stops GCC from vectorising it.)
 constexpr int kSumBlock = 256;
 
-LATTICE_SIMD_CLONES
 float row_sum_exp(const float* z, int V, float m) {
   double total = 0.0;
   for (int j0 = 0; j0 < V; j0 += kSumBlock) {
@@ -44,7 +43,6 @@ float row_sum_exp(const float* z, int V, float m) {
 }
 
 // z_j ← exp(z_j - m) for j < V; returns Σ_j exp(z_j - m) (as row_sum_exp).
-LATTICE_SIMD_CLONES
 float row_exp_in_place(float* z, int V, float m) {
   double total = 0.0;
   for (int j0 = 0; j0 < V; j0 += kSumBlock) {
@@ -62,7 +60,6 @@ float row_exp_in_place(float* z, int V, float m) {
 }
 
 // z_j ← z_j·scale for j < V, 0 for the padding V ≤ j < Vp.
-LATTICE_SIMD_CLONES
 void row_scale_and_clear_padding(float* z, int V, int Vp, float scale) {
   for (int j = 0; j < V; ++j) z[j] *= scale;
   for (int j = V; j < Vp; ++j) z[j] = 0.0f;
@@ -84,8 +81,8 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
   for (int64_t i = 0; i < N; ++i) {
     const float* z = logits + i * Vp;
     const int32_t target = targets[i];
-    const float m = row_max(z, V);
-    const float s = row_sum_exp(z, V, m);
+    const float m = cpu::simd([&] { return row_max(z, V); });
+    const float s = cpu::simd([&] { return row_sum_exp(z, V, m); });
     losses[i] = m + std::log(s) - z[target];
   }
 }
@@ -98,10 +95,10 @@ void crossentropy_forward_backward(float* logits_inout, float* losses, const int
     float* z = logits_inout + i * Vp;
     const int32_t target = targets[i];
     const float z_target = z[target];
-    const float m = row_max(z, V);
-    const float s = row_exp_in_place(z, V, m);  // the row stays in L2 for the next pass
+    const float m = cpu::simd([&] { return row_max(z, V); });
+    const float s = cpu::simd([&] { return row_exp_in_place(z, V, m); });  // the row stays in L2 for the next pass
     losses[i] = m + std::log(s) - z_target;
-    row_scale_and_clear_padding(z, V, Vp, dloss / s);
+    cpu::simd([&] { return row_scale_and_clear_padding(z, V, Vp, dloss / s); });
     z[target] -= dloss;
   }
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "lattice/core/memory.h"
+#include "lattice/kernels/cpu/simd.h"
 #include "lattice/kernels/cpu/vec_math.h"
 #include "lattice/kernels/ops.h"
 
@@ -29,7 +30,6 @@ static inline __attribute__((always_inline)) float exp_2u(float x) {
 }
 
 // gelu(x) = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) = x·σ(2u)
-LATTICE_SIMD_CLONES
 void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     const float x = inp[i];
@@ -42,7 +42,6 @@ void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end
 //          = σ(2u)·(1 + 2·x·du/dx/(E + 1))
 // For |x| ≥ 10, gelu' is exactly 1 or 0 in float, so x is clamped to ±10
 // first; that keeps x·x² from overflowing into 0·inf = NaN for huge inputs.
-LATTICE_SIMD_CLONES
 void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     float x = inp[i];
@@ -56,12 +55,10 @@ void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64
   }
 }
 
-LATTICE_SIMD_CLONES
 void add_range(float* out, const float* a, const float* b, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
 }
 
-LATTICE_SIMD_CLONES
 void scale_range(float* a, float s, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) a[i] *= s;
 }
@@ -70,7 +67,6 @@ void scale_range(float* a, float s, int64_t begin, int64_t end) {
 // ≡ l mod 32): four 8-wide double FMA chains keep the FMA units busy where a
 // single accumulator would wait on its latency, and because the lanes are
 // explicit the result is the same on every instruction set.
-LATTICE_SIMD_CLONES
 double sum_squares_range(const float* x, int64_t begin, int64_t end) {
   constexpr int kLanes = 32;
   double lanes[kLanes] = {};
@@ -109,23 +105,23 @@ void parallel_ranges(int64_t n, Fn fn) {
 }  // namespace
 
 void gelu_forward(float* out, const float* inp, int64_t n) {
-  parallel_ranges(n, [&](int64_t b, int64_t e) { gelu_forward_range(out, inp, b, e); });
+  parallel_ranges(n, [&](int64_t b, int64_t e) { cpu::simd([&] { return gelu_forward_range(out, inp, b, e); }); });
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-  parallel_ranges(n, [&](int64_t b, int64_t e) { gelu_backward_range(dinp, inp, dout, b, e); });
+  parallel_ranges(n, [&](int64_t b, int64_t e) { cpu::simd([&] { return gelu_backward_range(dinp, inp, dout, b, e); }); });
 }
 
 void residual_forward(float* out, const float* a, const float* b, int64_t n) {
-  parallel_ranges(n, [&](int64_t s, int64_t e) { add_range(out, a, b, s, e); });
+  parallel_ranges(n, [&](int64_t s, int64_t e) { cpu::simd([&] { return add_range(out, a, b, s, e); }); });
 }
 
 void add_inplace(float* a, const float* b, int64_t n) {
-  parallel_ranges(n, [&](int64_t s, int64_t e) { add_range(a, a, b, s, e); });
+  parallel_ranges(n, [&](int64_t s, int64_t e) { cpu::simd([&] { return add_range(a, a, b, s, e); }); });
 }
 
 void scale_inplace(float* a, float s, int64_t n) {
-  parallel_ranges(n, [&](int64_t b, int64_t e) { scale_range(a, s, b, e); });
+  parallel_ranges(n, [&](int64_t b, int64_t e) { cpu::simd([&] { return scale_range(a, s, b, e); }); });
 }
 
 // Fixed 64Ki-element chunks, each summed (in double) on its own, then the chunk
@@ -133,12 +129,12 @@ void scale_inplace(float* a, float s, int64_t n) {
 double sum_squares(const float* x, int64_t n) {
   constexpr int64_t kChunk = 1 << 16;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-  if (chunks <= 1) return sum_squares_range(x, 0, n);
+  if (chunks <= 1) return cpu::simd([&] { return sum_squares_range(x, 0, n); });
   thread_local Buffer partials;
   if (partials.bytes() < sizeof(double) * chunks) partials.ensure(sizeof(double) * chunks, MemCategory::Workspace);
   double* part = partials.as<double>();
 #pragma omp parallel for schedule(static) if (!omp_in_parallel())
-  for (int64_t c = 0; c < chunks; ++c) part[c] = sum_squares_range(x, c * kChunk, std::min(n, (c + 1) * kChunk));
+  for (int64_t c = 0; c < chunks; ++c) part[c] = cpu::simd([&] { return sum_squares_range(x, c * kChunk, std::min(n, (c + 1) * kChunk)); });
   double total = 0.0;
   for (int64_t c = 0; c < chunks; ++c) total += part[c];
   return total;

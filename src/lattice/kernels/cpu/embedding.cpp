@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "lattice/core/error.h"
+#include "lattice/kernels/cpu/simd.h"
 #include "lattice/kernels/cpu/vec_math.h"
 #include "lattice/kernels/ops.h"
 
@@ -12,7 +13,6 @@ namespace {
 
 constexpr int64_t kColumnBlock = 64;  // columns per task in the scatter-add
 
-LATTICE_SIMD_CLONES
 void forward_row(float* out, const float* wte_row, const float* wpe_row, int C) {
   for (int c = 0; c < C; ++c) out[c] = wte_row[c] + wpe_row[c];
 }
@@ -21,7 +21,6 @@ void forward_row(float* out, const float* wte_row, const float* wpe_row, int C) 
 // among threads; the columns can. Each task owns a block of columns of every
 // row and walks the tokens in order: no races, and the same sums for any
 // thread count.
-LATTICE_SIMD_CLONES
 void backward_columns(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
                       int64_t col_begin, int64_t col_end) {
   for (int b = 0; b < B; ++b)
@@ -43,7 +42,7 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < static_cast<int64_t>(B) * T; ++bt) {
     const int64_t t = bt % T;
-    forward_row(out + bt * C, wte + static_cast<int64_t>(tokens[bt]) * C, wpe + t * C, C);
+    cpu::simd([&] { return forward_row(out + bt * C, wte + static_cast<int64_t>(tokens[bt]) * C, wpe + t * C, C); });
   }
 }
 
@@ -51,8 +50,8 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
   const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
 #pragma omp parallel for schedule(static)
   for (int64_t blk = 0; blk < blocks; ++blk)
-    backward_columns(dwte, dwpe, dout, tokens, B, T, C, blk * kColumnBlock,
-                     std::min<int64_t>(C, (blk + 1) * kColumnBlock));
+    cpu::simd([&] { return backward_columns(dwte, dwpe, dout, tokens, B, T, C, blk * kColumnBlock,
+                     std::min<int64_t>(C, (blk + 1) * kColumnBlock)); });
 }
 
 }  // namespace lattice::kernels

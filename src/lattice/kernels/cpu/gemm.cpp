@@ -1,23 +1,39 @@
-// GEMM through oneDNN.
+// GEMM through oneDNN, with the path for each dtype chosen at start-up from
+// what this CPU and this oneDNN build can do (gemm_paths()).
 //
-// Why oneDNN: on the Xeon this project is developed on (AVX-512, avx512_bf16),
-// Debian's OpenBLAS 0.3.21 detects the core as "Prescott" and runs SSE3 kernels
-// (~30 GFLOP/s on one thread) unless OPENBLAS_CORETYPE=SkylakeX is set; oneDNN
+// Why oneDNN: Debian's OpenBLAS 0.3.21 misdetects recent CPUs (the Emerald
+// Rapids Xeon this project was developed on came out as "Prescott", SSE3
+// kernels, ~30 GFLOP/s on one thread) unless OPENBLAS_CORETYPE is set; oneDNN
 // dispatches its JIT kernels on CPUID at run time and needs no setting. A
-// product must not need an environment variable to be fast.
+// product must not need an environment variable to be fast. The comparison is
+// re-measured per CPU in docs/kernels.md.
 //
-// Which oneDNN entry point (bench/kernels, docs/kernels.md has the figures):
+// Paths (bench/kernels, docs/kernels.md has the figures):
 //   f32   dnnl_sgemm. At every GPT-2 shape and transpose combination it was
 //         as fast as or faster than a cached dnnl::matmul primitive (which
 //         falls to ~40-70% of it for some backward shapes, e.g. K = 3072 → 768),
 //         and it needs no per-shape state.
-//   bf16  oneDNN 2.6's bf16 matmul (brgemm avx512_core_bf16, no AMX here) runs
-//         at ~80 GFLOP/s, half the f32 rate; widening the bf16 blocks to f32
-//         (exact) and calling dnnl_sgemm reaches the f32 rate. So bf16 goes
-//         through gemm_bf16_via_sgemm. (dnnl_gemm_bf16bf16f32 is not exported
-//         by the 2.6 library.)
-// The matmul primitive path is kept (gemm_dnnl_matmul) for the benchmark and
-// for callers that want a fused bias.
+//   bf16  two candidates, the faster one on this CPU is used:
+//         - widen: bf16 blocks widened to f32 (exact) and dnnl_sgemm on them.
+//           Runs everywhere (the portable path) at the f32 rate.
+//         - dnnl_matmul_bf16: oneDNN's bf16 matmul primitive. Exists only
+//           where oneDNN has a bf16 kernel for the CPU (avx512_core_bf16 in
+//           2.6; none on AVX2-only CPUs). On Emerald Rapids it ran at half
+//           the f32 rate (VDPBF16PS at half the FMA rate there), on Zen 5 at
+//           twice it.
+//         So: the primitive's existence is queried through the C API (a
+//         status, not a caught exception; reference implementations do not
+//         count), and when it exists both paths are timed once on a
+//         GPT-2-sized product; the primitive is used if it is at least 1.2x
+//         faster. LATTICE_DNNL_BF16=0 pretends it does not exist.
+//         (dnnl_gemm_bf16bf16f32 is not exported by the 2.6 library.)
+// The matmul primitive path is also kept for the benchmark and for callers
+// that want a fused bias.
+//
+// Instruction set: oneDNN picks its own from CPUID. When LATTICE_ISA forces a
+// lower level (core/cpu.h), oneDNN is capped to match (dnnl_set_max_cpu_isa:
+// avx2, or sse41 for baseline) before its first kernel is generated, so a
+// forced run exercises the GEMMs an AVX2-only machine would run.
 //
 // Threads: Debian's oneDNN is built with the OpenMP runtime (DNNL_CPU_RUNTIME
 // = OMP, linked against libgomp, the same runtime as our kernels), so it uses
@@ -26,15 +42,23 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <oneapi/dnnl/dnnl_debug.h>
 
+#include "lattice/core/cpu.h"
 #include "lattice/core/error.h"
 #include "lattice/core/memory.h"
+#include "lattice/core/timer.h"
 #include "lattice/kernels/cpu/gemm_internal.h"
+#include "lattice/kernels/cpu/simd.h"
 #include "lattice/kernels/cpu/vec_math.h"
 #include "lattice/kernels/ops.h"
 
@@ -42,7 +66,24 @@ namespace lattice::kernels {
 namespace cpu {
 namespace {
 
+// Caps oneDNN's instruction set to a forced LATTICE_ISA. Must run before
+// oneDNN generates any kernel, so every entry point below calls it first.
+void configure_dnnl_once() {
+  static const bool configured = [] {
+    if (isa_forced()) {
+      const dnnl_cpu_isa_t cap = startup_isa() == Isa::Avx2 ? dnnl_cpu_isa_avx2 : dnnl_cpu_isa_sse41;
+      const dnnl_status_t st = dnnl_set_max_cpu_isa(cap);
+      LATTICE_CHECK(st == dnnl_success, "oneDNN refused to cap its instruction set to " << dnnl_cpu_isa2str(cap)
+                                                                                        << " (status " << st
+                                                                                        << ")");
+    }
+    return true;
+  }();
+  (void)configured;
+}
+
 dnnl::engine& cpu_engine() {
+  configure_dnnl_once();
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   return engine;
 }
@@ -154,7 +195,6 @@ MatmulEntry build_matmul(const MatmulKey& k) {
 
 // Widens rows [r0, r1) × columns [c0, c1) of a row-major bf16 matrix (leading
 // dimension ld) into a dense f32 block with leading dimension c1 - c0.
-LATTICE_SIMD_CLONES
 void widen_rows(float* dst, const uint16_t* src, int64_t ld, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
   const int64_t width = c1 - c0;
   for (int64_t r = r0; r < r1; ++r) {
@@ -169,13 +209,13 @@ void widen_rows(float* dst, const uint16_t* src, int64_t ld, int64_t r0, int64_t
 
 void widen_block(float* dst, const uint16_t* src, int64_t ld, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
   const int64_t rows = r1 - r0;
-  if (rows * (c1 - c0) < (1 << 16) || omp_in_parallel()) return widen_rows(dst, src, ld, r0, r1, c0, c1);
+  if (rows * (c1 - c0) < (1 << 16) || omp_in_parallel()) return cpu::simd([&] { return widen_rows(dst, src, ld, r0, r1, c0, c1); });
   const int64_t chunks = std::min<int64_t>(rows, 64);
 #pragma omp parallel for schedule(static)
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     int64_t b, e;
     split_range(rows, chunks, chunk, &b, &e);
-    widen_rows(dst + b * (c1 - c0), src, ld, r0 + b, r0 + e, c0, c1);
+    cpu::simd([&] { return widen_rows(dst + b * (c1 - c0), src, ld, r0 + b, r0 + e, c0, c1); });
   }
 }
 
@@ -231,6 +271,7 @@ void gemm_dnnl_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
   check_gemm_args(trans_a, trans_b, M, N, K, lda, ldb, ldc);
   if (M == 0 || N == 0) return;
   if (K == 0) return scale_c(M, N, beta, C, ldc);
+  configure_dnnl_once();
   const dnnl_status_t st =
       dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   LATTICE_CHECK(st == dnnl_success, "dnnl_sgemm failed with status " << static_cast<int>(st) << " (M=" << M
@@ -244,6 +285,10 @@ void gemm_dnnl_matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
   LATTICE_CHECK(ab_type == DType::F32 || ab_type == DType::BF16,
                 "gemm: A/B type " << dtype_name(ab_type) << " is not supported (f32 or bf16)");
   LATTICE_CHECK(bias == nullptr || alpha == 1.0f, "gemm with bias needs alpha = 1, got " << alpha);
+  LATTICE_CHECK(ab_type != DType::BF16 || dnnl_bf16_matmul_available(),
+                "gemm_dnnl_matmul: oneDNN has no bf16 matmul kernel for this CPU (oneDNN ISA "
+                    << dnnl_cpu_isa2str(dnnl_get_effective_cpu_isa())
+                    << "); kernels::gemm falls back to widening to f32");
   if (M == 0 || N == 0) return;
   if (K == 0) {
     scale_c(M, N, beta, C, ldc);
@@ -279,7 +324,98 @@ void gemm_dnnl_matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
 
 int64_t matmul_cache_size() { return static_cast<int64_t>(matmul_state().cache.size()); }
 
+bool dnnl_bf16_matmul_available() {
+  static const bool available = [] {
+    const char* env = std::getenv("LATTICE_DNNL_BF16");
+    if (env && std::strcmp(env, "0") == 0) return false;
+    // A small bf16 x bf16 -> f32 matmul: does oneDNN have a kernel for it on
+    // this CPU? The C API answers with a status.
+    const dnnl_dims_t dims = {64, 64};
+    dnnl_memory_desc_t a, b, c;
+    if (dnnl_memory_desc_init_by_tag(&a, 2, dims, dnnl_bf16, dnnl_ab) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&b, 2, dims, dnnl_bf16, dnnl_ab) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&c, 2, dims, dnnl_f32, dnnl_ab) != dnnl_success)
+      return false;
+    dnnl_matmul_desc_t desc;
+    if (dnnl_matmul_desc_init(&desc, &a, &b, nullptr, &c) != dnnl_success) return false;
+    dnnl_primitive_desc_t pd = nullptr;
+    if (dnnl_primitive_desc_create(&pd, &desc, nullptr, cpu_engine().get(), nullptr) != dnnl_success) return false;
+    const char* impl = nullptr;
+    dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+    // A reference (scalar C++) implementation is not a bf16 kernel.
+    const bool real = impl != nullptr && std::strncmp(impl, "ref", 3) != 0;
+    dnnl_primitive_desc_destroy(pd);
+    return real;
+  }();
+  return available;
+}
+
+namespace {
+
+// Best of `reps` timings of fn(), in seconds.
+template <typename Fn>
+double best_seconds(int reps, const Fn& fn) {
+  double best = 1e30;
+  for (int r = 0; r < reps; r++) {
+    Timer t;
+    fn();
+    best = std::min(best, t.seconds());
+  }
+  return best;
+}
+
+GemmPaths choose_gemm_paths() {
+  configure_dnnl_once();  // before anything asks oneDNN for its ISA
+  GemmPaths p;
+  p.dnnl_isa = dnnl_cpu_isa2str(dnnl_get_effective_cpu_isa());
+  if (p.dnnl_isa.rfind("cpu_isa_", 0) == 0) p.dnnl_isa = p.dnnl_isa.substr(8);
+  p.bf16_primitive_available = dnnl_bf16_matmul_available();
+  if (p.bf16_primitive_available) {
+    // One GPT-2-sized product (N = 256 tokens, C = 768 -> 768, ~0.3 GFLOP),
+    // both paths alternately, best of 3 after a warm-up each.
+    const int64_t M = 256, N = 768, K = 768;
+    std::vector<uint16_t> A(M * K), B(K * N);
+    for (size_t i = 0; i < A.size(); i++) A[i] = 0x3F80 + static_cast<uint16_t>(i % 64);  // 1.0 .. 1.5
+    for (size_t i = 0; i < B.size(); i++) B[i] = 0x3C00 + static_cast<uint16_t>(i % 64);  // small values
+    std::vector<float> C(M * N);
+    auto widen = [&] { gemm_bf16_via_sgemm(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, C.data(), N); };
+    auto primitive = [&] {
+      gemm_dnnl_matmul(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, C.data(), N, DType::BF16, nullptr);
+    };
+    widen();
+    primitive();
+    double t_widen = 1e30, t_primitive = 1e30;
+    for (int r = 0; r < 3; r++) {
+      t_widen = std::min(t_widen, best_seconds(1, widen));
+      t_primitive = std::min(t_primitive, best_seconds(1, primitive));
+    }
+    p.bf16_primitive_speedup = t_widen / t_primitive;
+    if (p.bf16_primitive_speedup >= 1.2) p.bf16 = "dnnl_matmul_bf16";
+  }
+  return p;
+}
+
+}  // namespace
+
 }  // namespace cpu
+
+const GemmPaths& gemm_paths() {
+  static const GemmPaths paths = cpu::choose_gemm_paths();
+  return paths;
+}
+
+std::string describe_gemm_paths() {
+  const GemmPaths& p = gemm_paths();
+  std::string s = std::string("f32 ") + p.f32 + ", bf16 " + p.bf16;
+  if (!p.bf16_primitive_available) {
+    s += " (oneDNN has no bf16 matmul for this CPU)";
+  } else {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " (oneDNN's bf16 matmul ran %.2fx the widened f32 path)", p.bf16_primitive_speedup);
+    s += buf;
+  }
+  return s + "; oneDNN ISA " + p.dnnl_isa;
+}
 
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
           const void* B, int64_t ldb, float beta, float* C, int64_t ldc, DType ab_type) {
@@ -287,8 +423,11 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
     cpu::gemm_dnnl_sgemm(trans_a, trans_b, M, N, K, alpha, static_cast<const float*>(A), lda,
                          static_cast<const float*>(B), ldb, beta, C, ldc);
   } else if (ab_type == DType::BF16) {
-    cpu::gemm_bf16_via_sgemm(trans_a, trans_b, M, N, K, alpha, static_cast<const uint16_t*>(A), lda,
-                             static_cast<const uint16_t*>(B), ldb, beta, C, ldc);
+    if (gemm_paths().bf16_uses_primitive())
+      cpu::gemm_dnnl_matmul(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, DType::BF16, nullptr);
+    else
+      cpu::gemm_bf16_via_sgemm(trans_a, trans_b, M, N, K, alpha, static_cast<const uint16_t*>(A), lda,
+                               static_cast<const uint16_t*>(B), ldb, beta, C, ldc);
   } else {
     LATTICE_FAIL("gemm: A/B type " << dtype_name(ab_type) << " is not supported (f32 or bf16)");
   }

@@ -28,6 +28,10 @@ void gemm_bf16_via_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
                          const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
                          int64_t ldc);
 
+// True when oneDNN has a non-reference bf16 matmul kernel for this CPU (and
+// LATTICE_DNNL_BF16 is not 0). Asked once, through the C API's status codes.
+bool dnnl_bf16_matmul_available();
+
 // Number of primitives in the calling thread's matmul cache (for tests).
 int64_t matmul_cache_size();
 

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 
+#include "lattice/kernels/cpu/simd.h"
 #include "lattice/kernels/cpu/vec_math.h"
 #include "lattice/kernels/ops.h"
 
@@ -28,7 +29,6 @@ constexpr int64_t kColumnBlock = 128;    // columns per OpenMP task (weight grad
 // from zero (mean ≫ std) the differences are exact and small, so the mean and
 // the deviations keep full precision, where a plain float Σx would lose the
 // digits of the mean that the deviations are made of.
-LATTICE_SIMD_CLONES
 void forward_rows(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                   int64_t row_begin, int64_t row_end, int C) {
   for (int64_t i = row_begin; i < row_end; ++i) {
@@ -52,7 +52,6 @@ void forward_rows(float* out, float* mean, float* rstd, const float* inp, const 
   }
 }
 
-LATTICE_SIMD_CLONES
 void backward_input_rows(float* dinp, const float* dout, const float* inp, const float* weight, const float* mean,
                          const float* rstd, int64_t row_begin, int64_t row_end, int C) {
   for (int64_t i = row_begin; i < row_end; ++i) {
@@ -77,7 +76,6 @@ void backward_input_rows(float* dinp, const float* dout, const float* inp, const
 
 // Columns [col_begin, col_end) over all rows: the row order of the sums is
 // fixed, so the result does not depend on the thread count.
-LATTICE_SIMD_CLONES
 void backward_weight_columns(float* dweight, float* dbias, const float* dout, const float* inp, const float* mean,
                              const float* rstd, int64_t N, int C, int64_t col_begin, int64_t col_end,
                              bool accumulate) {
@@ -106,7 +104,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   const int64_t blocks = (N + kRowBlock - 1) / kRowBlock;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b)
-    forward_rows(out, mean, rstd, inp, weight, bias, b * kRowBlock, std::min(N, (b + 1) * kRowBlock), C);
+    cpu::simd([&] { return forward_rows(out, mean, rstd, inp, weight, bias, b * kRowBlock, std::min(N, (b + 1) * kRowBlock), C); });
 }
 
 void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* weight,
@@ -114,7 +112,7 @@ void layernorm_backward_input(float* dinp, const float* dout, const float* inp, 
   const int64_t blocks = (N + kRowBlock - 1) / kRowBlock;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b)
-    backward_input_rows(dinp, dout, inp, weight, mean, rstd, b * kRowBlock, std::min(N, (b + 1) * kRowBlock), C);
+    cpu::simd([&] { return backward_input_rows(dinp, dout, inp, weight, mean, rstd, b * kRowBlock, std::min(N, (b + 1) * kRowBlock), C); });
 }
 
 void layernorm_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp,
@@ -122,8 +120,8 @@ void layernorm_backward_weight(float* dweight, float* dbias, const float* dout, 
   const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b)
-    backward_weight_columns(dweight, dbias, dout, inp, mean, rstd, N, C, b * kColumnBlock,
-                            std::min<int64_t>(C, (b + 1) * kColumnBlock), accumulate);
+    cpu::simd([&] { return backward_weight_columns(dweight, dbias, dout, inp, mean, rstd, N, C, b * kColumnBlock,
+                            std::min<int64_t>(C, (b + 1) * kColumnBlock), accumulate); });
 }
 
 }  // namespace lattice::kernels

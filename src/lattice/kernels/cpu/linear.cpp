@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "lattice/kernels/cpu/simd.h"
 #include "lattice/kernels/cpu/vec_math.h"
 #include "lattice/kernels/ops.h"
 
@@ -19,13 +20,11 @@ namespace {
 constexpr int64_t kBiasColumnBlock = 128;
 
 // out[n, j] = bias[j] for rows [row_begin, row_end).
-LATTICE_SIMD_CLONES
 void fill_rows_with_bias(float* out, const float* bias, int64_t row_begin, int64_t row_end, int OC) {
   for (int64_t n = row_begin; n < row_end; ++n) std::memcpy(out + n * OC, bias, sizeof(float) * OC);
 }
 
 // dbias[j] (+)= Σ_n dout[n, j] for j in [col_begin, col_end).
-LATTICE_SIMD_CLONES
 void column_sums(float* dbias, const float* dout, int64_t N, int OC, int64_t col_begin, int64_t col_end,
                  bool accumulate) {
   float acc[kBiasColumnBlock];
@@ -48,7 +47,7 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
     // it is still in cache; measured faster than a separate bias pass after it.
 #pragma omp parallel for schedule(static)
     for (int64_t block = 0; block < (N + 63) / 64; ++block)
-      fill_rows_with_bias(out, bias, block * 64, std::min<int64_t>(N, block * 64 + 64), OC);
+      cpu::simd([&] { return fill_rows_with_bias(out, bias, block * 64, std::min<int64_t>(N, block * 64 + 64), OC); });
     beta = 1.0f;
   }
   gemm(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
@@ -66,8 +65,8 @@ void linear_backward_weight(float* dweight, float* dbias, const float* dout, con
     const int64_t blocks = (OC + kBiasColumnBlock - 1) / kBiasColumnBlock;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; ++b)
-      column_sums(dbias, dout, N, OC, b * kBiasColumnBlock, std::min<int64_t>(OC, (b + 1) * kBiasColumnBlock),
-                  accumulate);
+      cpu::simd([&] { return column_sums(dbias, dout, N, OC, b * kBiasColumnBlock, std::min<int64_t>(OC, (b + 1) * kBiasColumnBlock),
+                  accumulate); });
   }
 }
 

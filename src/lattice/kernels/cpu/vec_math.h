@@ -1,21 +1,10 @@
-// Internal helpers shared by the CPU kernels: a vectorisable exp, the
-// function-multiversioning attribute, and work-splitting helpers.
-//
-// Builds are not -march=native, so the hot loops are compiled three times
-// (AVX-512, AVX2+FMA, SSE2) with GCC's target_clones and picked at load time by
-// CPUID. target_clones does not reach into OpenMP-outlined bodies, so every
-// kernel is split into an outer function holding the `omp parallel` loop and a
-// LATTICE_SIMD_CLONES inner function that does one contiguous chunk.
+// Internal helpers shared by the CPU kernels: a vectorisable exp and sqrt,
+// and work-splitting helpers. (The run-time choice of instruction set is in
+// simd.h.)
 #pragma once
 
 #include <cstdint>
 #include <cstring>
-
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
-#define LATTICE_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define LATTICE_SIMD_CLONES
-#endif
 
 namespace lattice::kernels::cpu {
 
@@ -57,7 +46,7 @@ static inline __attribute__((always_inline)) float exp_approx(float x) {
   float scale;
   std::memcpy(&scale, &scale_bits, 4);
   float result = p * scale;
-  result = n_int > 127 ? result * 2.0f : result;
+  result *= n_int > 127 ? 2.0f : 1.0f;  // a select, not a branch: AVX2 has no masked multiply
   return underflow ? 0.0f : result;
 }
 

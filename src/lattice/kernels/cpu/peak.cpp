@@ -1,0 +1,149 @@
+// The arithmetic peak of this CPU, measured: register-only multiply-add loops
+// for the instruction set in use, run on every thread at once so that the
+// all-core clock (not the one-core turbo) is what is measured.
+//
+//   avx512  16 independent chains of VFMADD on 16-float registers: 64 FLOP
+//           per instruction; two FMA pipes with a 4-cycle latency need at
+//           least 8 chains in flight.
+//   avx2    12 chains of VFMADD on 8-float registers (16 registers in all).
+//   baseline  SSE2 has no FMA: 12 chains of a multiply and an add on
+//           4-float registers, 8 FLOP per pair.
+//   bf16    VDPBF16PS (avx512_bf16): each 16-lane instruction adds two bf16
+//           products per lane, 64 FLOP, 16 chains.
+// The operands keep every value finite and normal (x ← x·a + b with a just
+// below 1 converges to b/(1 - a)), so no subnormal slow path is measured.
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "lattice/core/cpu.h"
+#include "lattice/core/error.h"
+#include "lattice/core/timer.h"
+#include "lattice/kernels/ops.h"
+
+namespace lattice::kernels {
+namespace {
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+constexpr int64_t kInner = 256;  // iterations between clock reads
+
+// Each returns FLOPs done; `sink` keeps the results alive.
+__attribute__((target("avx512f"))) double fma_avx512(int64_t outer, float* sink) {
+  constexpr int kChains = 16;
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; c++) acc[c] = _mm512_set1_ps(0.5f + 0.01f * c);
+  const __m512 a = _mm512_set1_ps(0.9999f), b = _mm512_set1_ps(1e-4f);
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t i = 0; i < kInner; i++)
+#pragma GCC unroll 16
+      for (int c = 0; c < kChains; c++) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+  __m512 total = acc[0];
+  for (int c = 1; c < kChains; c++) total = _mm512_add_ps(total, acc[c]);
+  float lanes[16];
+  _mm512_storeu_ps(lanes, total);
+  for (float l : lanes) *sink += l;
+  return static_cast<double>(outer) * kInner * kChains * 16 * 2;
+}
+
+__attribute__((target("avx2,fma"))) double fma_avx2(int64_t outer, float* sink) {
+  constexpr int kChains = 12;
+  __m256 acc[kChains];
+  for (int c = 0; c < kChains; c++) acc[c] = _mm256_set1_ps(0.5f + 0.01f * c);
+  const __m256 a = _mm256_set1_ps(0.9999f), b = _mm256_set1_ps(1e-4f);
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t i = 0; i < kInner; i++)
+#pragma GCC unroll 12
+      for (int c = 0; c < kChains; c++) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+  __m256 total = acc[0];
+  for (int c = 1; c < kChains; c++) total = _mm256_add_ps(total, acc[c]);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, total);
+  for (float l : lanes) *sink += l;
+  return static_cast<double>(outer) * kInner * kChains * 8 * 2;
+}
+
+double mul_add_sse2(int64_t outer, float* sink) {
+  constexpr int kChains = 12;
+  __m128 acc[kChains];
+  for (int c = 0; c < kChains; c++) acc[c] = _mm_set1_ps(0.5f + 0.01f * c);
+  const __m128 a = _mm_set1_ps(0.9999f), b = _mm_set1_ps(1e-4f);
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t i = 0; i < kInner; i++)
+#pragma GCC unroll 12
+      for (int c = 0; c < kChains; c++) acc[c] = _mm_add_ps(_mm_mul_ps(acc[c], a), b);
+  __m128 total = acc[0];
+  for (int c = 1; c < kChains; c++) total = _mm_add_ps(total, acc[c]);
+  float lanes[4];
+  _mm_storeu_ps(lanes, total);
+  for (float l : lanes) *sink += l;
+  return static_cast<double>(outer) * kInner * kChains * 4 * 2;
+}
+
+__attribute__((target("avx512f,avx512bf16"))) double dpbf16_avx512(int64_t outer, float* sink) {
+  constexpr int kChains = 16;
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; c++) acc[c] = _mm512_set1_ps(0.01f * c);
+  // bf16 pairs (0.5, 0.5) · (1e-4, 1e-4): each lane grows by 1e-4 per step.
+  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3F00), b = (__m512bh)_mm512_set1_epi16(0x38D1);
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t i = 0; i < kInner; i++)
+#pragma GCC unroll 16
+      for (int c = 0; c < kChains; c++) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+  __m512 total = acc[0];
+  for (int c = 1; c < kChains; c++) total = _mm512_add_ps(total, acc[c]);
+  float lanes[16];
+  _mm512_storeu_ps(lanes, total);
+  for (float l : lanes) *sink += l;
+  return static_cast<double>(outer) * kInner * kChains * 16 * 4;
+}
+#endif
+
+using Loop = double (*)(int64_t, float*);
+
+Loop loop_for(DType dtype, Isa isa) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  if (dtype == DType::BF16) return isa == Isa::Avx512 && cpu_info().avx512_bf16 ? dpbf16_avx512 : nullptr;
+  switch (isa) {
+    case Isa::Avx512: return fma_avx512;
+    case Isa::Avx2: return fma_avx2;
+    case Isa::Baseline: return mul_add_sse2;
+  }
+#endif
+  (void)dtype, (void)isa;
+  return nullptr;
+}
+
+}  // namespace
+
+bool peak_measurable(DType dtype) { return loop_for(dtype, active_isa()) != nullptr; }
+
+double measure_peak_gflops_per_core(DType dtype, int threads, double seconds) {
+  LATTICE_CHECK(dtype == DType::F32 || dtype == DType::BF16,
+                "peak: dtype " << dtype_name(dtype) << " has no peak measurement (f32 or bf16)");
+  LATTICE_CHECK(threads >= 1, "peak: threads must be >= 1, got " << threads);
+  const Loop loop = loop_for(dtype, active_isa());
+  if (!loop) return 0.0;
+  std::vector<double> rate(threads, 0.0);
+  std::vector<float> sink(threads * 16, 0.0f);  // one cache line per thread
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num();
+    loop(64, &sink[t * 16]);  // warm-up: clocks up, code in cache
+#pragma omp barrier
+    Timer timer;
+    double flops = 0;
+    while (timer.seconds() < seconds) flops += loop(64, &sink[t * 16]);
+    rate[t] = flops / timer.seconds() / 1e9;
+  }
+  // The mean per thread, all threads running together.
+  double total = 0;
+  for (double r : rate) total += r;
+  return total / threads;
+}
+
+}  // namespace lattice::kernels

@@ -1,0 +1,415 @@
+#include "lattice/parallel/data/data_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "lattice/core/error.h"
+#include "lattice/core/memory.h"
+#include "lattice/kernels/ops.h"
+#include "lattice/parallel/zero/disk_store.h"
+
+namespace lattice::parallel {
+
+using optim::StateStore;
+
+// Borrowed buffers of whole-group size: at most two per distinct group size
+// (the one in use and the one prefetched or being reduced), or one when only
+// one group has that size (the embedding, ln_f). They are allocated on first
+// use and kept, zero-filled once: the model never writes the padding between
+// parameters, so it stays what it was.
+struct DataParallel::Pool {
+  struct Class {
+    int64_t capacity = 0;
+    int limit = 0;
+    std::vector<Buffer> buffers;
+    std::vector<float*> free;
+  };
+  MemCategory category;
+  std::vector<Class> classes;
+
+  Pool(MemCategory c, const std::vector<model::ParamGroup>& groups) : category(c) {
+    for (const model::ParamGroup& g : groups) {
+      auto it = std::find_if(classes.begin(), classes.end(), [&](const Class& k) { return k.capacity == g.capacity(); });
+      if (it == classes.end()) {
+        classes.push_back(Class{g.capacity(), 1, {}, {}});
+      } else {
+        it->limit = 2;
+      }
+    }
+  }
+  Class& of(int64_t capacity) {
+    for (Class& k : classes)
+      if (k.capacity == capacity) return k;
+    LATTICE_FAIL("internal: no buffer class of " << capacity << " elements");
+  }
+  // A free buffer, or nullptr when `limit` of them are lent out.
+  float* take(int64_t capacity) {
+    Class& k = of(capacity);
+    if (k.free.empty() && static_cast<int>(k.buffers.size()) < k.limit) {
+      k.buffers.emplace_back(static_cast<size_t>(capacity) * sizeof(float), category);
+      k.free.push_back(k.buffers.back().as<float>());
+    }
+    if (k.free.empty()) return nullptr;
+    float* p = k.free.back();
+    k.free.pop_back();
+    return p;
+  }
+  void give(int64_t capacity, float* p) { of(capacity).free.push_back(p); }
+  // Whether take() would return a buffer.
+  bool available(int64_t capacity) {
+    Class& k = of(capacity);
+    return !k.free.empty() || static_cast<int>(k.buffers.size()) < k.limit;
+  }
+  size_t bytes() const {
+    size_t b = 0;
+    for (const Class& k : classes)
+      for (const Buffer& buf : k.buffers) b += buf.bytes();
+    return b;
+  }
+};
+
+namespace {
+
+std::string chunk_label(const char* what, const std::string& group, int64_t c, int64_t chunks) {
+  return std::string(what) + " " + group + " " + std::to_string(c) + "/" + std::to_string(chunks);
+}
+
+}  // namespace
+
+DataParallel::DataParallel(model::GPT& model, comm::Communicator& dp, const DataParallelOptions& options)
+    : model_(model),
+      groups_(model.groups()),
+      options_(options),
+      layout_(model.groups(), dp.size(), dp.rank(), options.bucket_bytes),
+      opt_layout_(options.zero_stage == 0 ? ShardLayout(model.groups(), 1, 0, options.bucket_bytes) : layout_) {
+  LATTICE_CHECK(options.zero_stage >= 0 && options.zero_stage <= 3,
+                "parallel.zero_stage=" << options.zero_stage << " is not a ZeRO stage (0, 1, 2 or 3)");
+  const int stage = options.zero_stage;
+  const size_t G = groups_.size();
+  // Whole buckets (and, at stage 0, whole optimizer chunks) in every group.
+  for (size_t g = 0; g < G; g++)
+    groups_[g].set_capacity(std::max(layout_.group(g).capacity(), opt_layout_.group(g).capacity()));
+
+  int64_t total = 0;
+  for (size_t g = 0; g < G; g++) {
+    shard_base_.push_back(total);
+    total += opt_layout_.group(g).shard_numel();
+  }
+  stream_ = std::make_unique<CommStream>(dp, options.progress);
+
+  // Where the optimizer state lives: moments, and at stage 3 the parameters.
+  const int arrays = stage == 3 ? 3 : 2;
+  std::unique_ptr<StateStore> store =
+      options.offload_to_disk
+          ? make_disk_store(options.offload_dir, dp.world_ranks()[dp.rank()], total, arrays,
+                            options.offload_window_bytes)
+          : optim::make_memory_store(total, arrays);
+
+  if (stage >= 2) {
+    shard_grads_.resize(G);
+    shard_grad_written_.assign(G, 0);
+    for (size_t g = 0; g < G; g++)
+      shard_grads_[g] = Buffer(static_cast<size_t>(layout_.group(g).shard_numel()) * sizeof(float), MemCategory::Grads);
+  }
+  std::vector<optim::AdamWSegment> segments;
+  for (size_t g = 0; g < G; g++) {
+    model::ParamGroup& group = groups_[g];
+    for (const ShardLayout::Run& run : opt_layout_.runs(group, g)) {
+      optim::AdamWSegment seg;
+      seg.param = stage < 3 ? group.data() + run.begin : nullptr;
+      seg.grad = stage < 2 ? group.grad_storage() + run.begin : shard_grads_[g].as<float>() + run.shard_offset;
+      seg.n = run.n;
+      seg.state_offset = shard_base_[g] + run.shard_offset;
+      seg.decay = group.params()[run.param].weight_decay;
+      segments.push_back(seg);
+    }
+  }
+  if (stage == 3) {
+    // The parameters move into the store as this rank's slices; the whole
+    // buffers go (they come back, borrowed, for each use).
+    const GroupShard* largest = nullptr;
+    for (size_t g = 0; g < G; g++) {
+      const GroupShard& s = layout_.group(g);
+      for (int64_t c = 0; c < s.chunks; c++)
+        store->write(StateStore::kP, shard_base_[g] + c * s.slice, s.slice, groups_[g].data() + s.slice_begin(c));
+      if (!largest || s.shard_numel() > largest->shard_numel()) largest = &s;
+    }
+    if (options.offload_to_disk && largest)
+      staging_ = Buffer(static_cast<size_t>(largest->shard_numel()) * sizeof(float), MemCategory::Params);
+    for (model::ParamGroup& group : groups_) group.release_own_params();
+    param_pool_ = std::make_unique<Pool>(MemCategory::Params, groups_);
+  }
+  if (stage >= 2) {
+    for (model::ParamGroup& group : groups_) group.release_own_grads();
+    grad_pool_ = std::make_unique<Pool>(MemCategory::Grads, groups_);
+  }
+  optimizer_ = std::make_unique<optim::AdamW>(std::move(segments), std::move(store), options.adam);
+  gather_ticket_.assign(G, 0);
+  gathered_.assign(G, 0);
+  model_.set_hooks(this);
+}
+
+DataParallel::~DataParallel() {
+  if (model_.hooks() == this) model_.set_hooks(nullptr);
+}
+
+std::string DataParallel::describe() const {
+  std::ostringstream s;
+  s << "ZeRO stage " << stage() << " over " << ranks() << " data-parallel rank" << (ranks() == 1 ? "" : "s")
+    << ", buckets of at most " << format_bytes(options_.bucket_bytes) << ", communication "
+    << progress_name(stream_->progress()) << ", optimizer state in "
+    << const_cast<optim::AdamW&>(*optimizer_).store().describe();
+  return s.str();
+}
+
+bool DataParallel::reduce_now() const { return stage() >= 2 || last_micro_; }
+
+// ---------------------------------------------------------------- a step
+
+void DataParallel::begin_step() {
+  model_.zero_grad();
+  std::fill(shard_grad_written_.begin(), shard_grad_written_.end(), 0);
+  stream_->reset_times();
+  bytes_at_step_start_ = stream_->comm().stats().bytes_sent;
+  last_micro_ = true;
+}
+
+void DataParallel::begin_micro_batch(bool last) { last_micro_ = last; }
+
+void DataParallel::reap() {
+  auto it = pending_grad_releases_.begin();
+  while (it != pending_grad_releases_.end()) {
+    if (!stream_->done(it->ticket)) {
+      ++it;
+      continue;
+    }
+    model::ParamGroup& group = groups_[it->group];
+    grad_pool_->give(group.capacity(), group.grad_storage());
+    group.attach_grads(nullptr);
+    it = pending_grad_releases_.erase(it);
+  }
+}
+
+void DataParallel::finish_gradients() {
+  stream_->wait_all();
+  reap();
+  LATTICE_CHECK(pending_grad_releases_.empty(), "internal: gradient buffers still lent after the last reduction");
+}
+
+double DataParallel::sum_over_ranks(double x) {
+  if (ranks() == 1) return x;
+  double v = x;
+  stream_->wait(stream_->all_reduce(&v, 1, DType::F64, "sum"));
+  return v;
+}
+
+double DataParallel::grad_sum_squares() {
+  const double local = optimizer_->grad_sum_squares();
+  // Stage 0: every rank holds the whole summed gradient already.
+  return stage() == 0 ? local : sum_over_ranks(local);
+}
+
+void DataParallel::optimizer_step(float lr, float grad_scale) {
+  optimizer_->step(lr, grad_scale);
+  if ((stage() == 1 || stage() == 2) && ranks() > 1) {
+    // Every rank updated its slices; all-gather makes every group whole again
+    // (in place: each rank's slice already sits where it is received).
+    for (size_t g = 0; g < groups_.size(); g++) {
+      const GroupShard& s = layout_.group(g);
+      float* data = groups_[g].data();
+      for (int64_t c = 0; c < s.chunks; c++)
+        stream_->all_gather(data + s.slice_begin(c), data + c * s.chunk_numel(), s.slice,
+                            chunk_label("params", groups_[g].name(), c, s.chunks));
+    }
+    stream_->wait_all();
+  }
+  const CommStream::Times t = stream_->times();
+  last_comm_.ran_s = t.ran_s;
+  last_comm_.exposed_s = t.waited_s;
+  last_comm_.bytes = stream_->comm().stats().bytes_sent - bytes_at_step_start_;
+}
+
+// ---------------------------------------------------------------- hooks
+
+void DataParallel::before_params(size_t g, Pass pass) {
+  stream_->progress_point();
+  reap();
+  if (stage() < 3) return;
+  if (!gathered_[g]) {
+    if (!gather_ticket_[g]) post_gather(g);
+    stream_->wait(gather_ticket_[g]);
+    gathered_[g] = 1;
+  }
+  // Prefetch the group this pass uses next (with a disk shard the staging
+  // buffer is busy until this gather is done: no prefetch then).
+  if (options_.offload_to_disk) return;
+  const size_t L = groups_.size() - 2, emb = 0, fin = groups_.size() - 1;
+  size_t next = g;
+  if (pass == Pass::Forward) {
+    next = g == fin ? g : g + 1;  // emb, h0 .. h(L-1), ln_f
+  } else {
+    if (g == emb) next = fin;                              // emb, ln_f, h(L-1) .. h0
+    else if (g == fin) next = L >= 1 ? 1 + (L - 1) : g;
+    else if (g > 1) next = g - 1;
+  }
+  if (next != g && !gathered_[next] && !gather_ticket_[next] && param_pool_->available(groups_[next].capacity()))
+    post_gather(next);
+}
+
+void DataParallel::post_gather(size_t g) {
+  model::ParamGroup& group = groups_[g];
+  float* buffer = param_pool_->take(group.capacity());
+  LATTICE_CHECK(buffer != nullptr, "internal: no free buffer to gather group " << group.name()
+                                                                               << " into (more groups in use than "
+                                                                                  "the pool holds)");
+  group.attach_params(buffer);
+  const GroupShard& s = layout_.group(g);
+  StateStore& store = optimizer_->store();
+  const float* shard = store.resident(StateStore::kP);
+  if (shard) {
+    shard += shard_base_[g];
+  } else {
+    store.read(StateStore::kP, shard_base_[g], s.shard_numel(), staging_.as<float>());
+    shard = staging_.as<float>();
+  }
+  CommStream::Ticket t = 0;
+  for (int64_t c = 0; c < s.chunks; c++)
+    t = stream_->all_gather(shard + c * s.slice, buffer + c * s.chunk_numel(), s.slice,
+                            chunk_label("gather", group.name(), c, s.chunks));
+  gather_ticket_[g] = t;
+  if (shard == staging_.as<float>()) stream_->wait(t);  // the staging buffer is reused by the next gather
+}
+
+void DataParallel::after_params(size_t g, Pass pass) {
+  (void)pass;
+  stream_->progress_point();
+  reap();
+  if (stage() < 3) return;
+  model::ParamGroup& group = groups_[g];
+  param_pool_->give(group.capacity(), group.data());
+  group.attach_params(nullptr);
+  gathered_[g] = 0;
+  gather_ticket_[g] = 0;
+}
+
+void DataParallel::before_grads(size_t g) {
+  stream_->progress_point();
+  reap();
+  if (stage() < 2) return;
+  model::ParamGroup& group = groups_[g];
+  float* buffer = grad_pool_->take(group.capacity());
+  while (!buffer) {
+    // Every buffer of this size is still being reduced: wait for the oldest.
+    LATTICE_CHECK(!pending_grad_releases_.empty(), "internal: no gradient buffer for group " << group.name());
+    stream_->wait(pending_grad_releases_.front().ticket);
+    reap();
+    buffer = grad_pool_->take(group.capacity());
+  }
+  group.attach_grads(buffer);
+  group.zero_grad();  // this micro-batch's first writes overwrite
+}
+
+void DataParallel::grads_done(size_t g) {
+  stream_->progress_point();
+  reap();
+  if (!reduce_now()) return;
+  if (stage() == 0 && ranks() == 1) return;
+  reduce_group(g);
+}
+
+void DataParallel::reduce_group(size_t g) {
+  model::ParamGroup& group = groups_[g];
+  const GroupShard& s = layout_.group(g);
+  float* grad = group.grad_storage();
+  const int64_t k = s.slice;
+  CommStream::Ticket t = 0;
+  if (stage() == 0) {
+    for (int64_t c = 0; c < s.chunks; c++)
+      stream_->all_reduce(grad + c * s.chunk_numel(), s.chunk_numel(), DType::F32,
+                          chunk_label("grad", group.name(), c, s.chunks));
+    return;
+  }
+  for (int64_t c = 0; c < s.chunks; c++) {
+    float* chunk = grad + c * s.chunk_numel();
+    CommStream::Then then;
+    if (stage() == 1) {
+      // In place, the sum of this rank's slice lands at the chunk's start;
+      // move it to where the slice belongs in the (whole) gradient buffer.
+      float* home = grad + s.slice_begin(c);
+      then = [chunk, home, k] {
+        if (home != chunk) std::memmove(home, chunk, static_cast<size_t>(k) * sizeof(float));
+      };
+    } else {
+      // Stages 2-3: accumulate into this rank's gradient shard.
+      float* dst = shard_grads_[g].as<float>() + c * k;
+      const bool first = !shard_grad_written_[g];
+      then = [chunk, dst, k, first] {
+        if (first)
+          std::memcpy(dst, chunk, static_cast<size_t>(k) * sizeof(float));
+        else
+          for (int64_t i = 0; i < k; i++) dst[i] += chunk[i];
+      };
+    }
+    t = stream_->reduce_scatter(chunk, chunk, k, chunk_label("grad", group.name(), c, s.chunks), std::move(then));
+  }
+  if (stage() >= 2) {
+    shard_grad_written_[g] = 1;
+    pending_grad_releases_.push_back({t, g});
+  }
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+float* DataParallel::shard_of(size_t g, State which) {
+  StateStore& store = optimizer_->store();
+  const int array = which == State::Params ? StateStore::kP : which == State::AdamM ? StateStore::kM : StateStore::kV;
+  float* base = store.resident(array);
+  return base ? base + shard_base_[g] : nullptr;
+}
+
+void DataParallel::gather_full(size_t g, State which, float* out) {
+  stream_->wait_all();
+  model::ParamGroup& group = groups_[g];
+  if (which == State::Params && stage() < 3) {
+    std::memcpy(out, group.data(), static_cast<size_t>(group.numel()) * sizeof(float));
+    return;
+  }
+  const GroupShard& s = opt_layout_.group(g);
+  StateStore& store = optimizer_->store();
+  const int array = which == State::Params ? StateStore::kP : which == State::AdamM ? StateStore::kM : StateStore::kV;
+  if (stage() == 0) {  // the whole group is this rank's
+    store.read(array, shard_base_[g], group.numel(), out);
+    return;
+  }
+  std::vector<float> local;
+  const float* shard = shard_of(g, which);
+  if (!shard) {
+    local.resize(static_cast<size_t>(s.shard_numel()));
+    store.read(array, shard_base_[g], s.shard_numel(), local.data());
+    shard = local.data();
+  }
+  for (int64_t c = 0; c < s.chunks; c++)
+    stream_->all_gather(shard + c * s.slice, out + c * s.chunk_numel(), s.slice,
+                        chunk_label("checkpoint", group.name(), c, s.chunks));
+  stream_->wait_all();
+}
+
+void DataParallel::load_full(size_t g, State which, const float* full) {
+  stream_->wait_all();
+  model::ParamGroup& group = groups_[g];
+  if (which == State::Params && stage() < 3) {
+    std::memcpy(group.data(), full, static_cast<size_t>(group.numel()) * sizeof(float));
+    return;
+  }
+  const GroupShard& s = opt_layout_.group(g);
+  StateStore& store = optimizer_->store();
+  const int array = which == State::Params ? StateStore::kP : which == State::AdamM ? StateStore::kM : StateStore::kV;
+  if (stage() == 0) {
+    store.write(array, shard_base_[g], group.numel(), full);
+    return;
+  }
+  for (int64_t c = 0; c < s.chunks; c++) store.write(array, shard_base_[g] + c * s.slice, s.slice, full + s.slice_begin(c));
+}
+
+}  // namespace lattice::parallel

@@ -1,0 +1,55 @@
+#include "lattice/parallel/zero/shard_layout.h"
+
+#include <algorithm>
+
+#include "lattice/core/error.h"
+
+namespace lattice::parallel {
+
+ShardLayout::ShardLayout(const std::vector<model::ParamGroup>& groups, int ranks, int rank, double bucket_bytes)
+    : ranks_(ranks), rank_(rank) {
+  LATTICE_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "shard layout: rank " << rank << " of " << ranks);
+  LATTICE_CHECK(bucket_bytes > 0, "shard layout: bucket size must be positive, got " << bucket_bytes);
+  // The largest slice a bucket allows: n·k·4 bytes <= bucket, k a multiple
+  // of 16 floats (64 bytes), at least 16.
+  const int64_t max_slice = std::max<int64_t>(16, static_cast<int64_t>(bucket_bytes / (4.0 * ranks)) / 16 * 16);
+  for (const model::ParamGroup& g : groups) {
+    GroupShard s;
+    s.ranks = ranks, s.rank = rank;
+    s.numel = g.numel();
+    const int64_t per_chunk = max_slice * ranks;
+    s.chunks = std::max<int64_t>(1, (s.numel + per_chunk - 1) / per_chunk);
+    // Equal chunks with the least padding: k = ceil(P / (C·n)) rounded up to 16.
+    const int64_t k = (s.numel + s.chunks * ranks - 1) / (s.chunks * ranks);
+    s.slice = std::max<int64_t>(16, (k + 15) / 16 * 16);
+    groups_.push_back(s);
+  }
+}
+
+int64_t ShardLayout::shard_numel() const {
+  int64_t n = 0;
+  for (const GroupShard& s : groups_) n += s.shard_numel();
+  return n;
+}
+
+int64_t ShardLayout::capacity() const {
+  int64_t n = 0;
+  for (const GroupShard& s : groups_) n += s.capacity();
+  return n;
+}
+
+std::vector<ShardLayout::Run> ShardLayout::runs(const model::ParamGroup& group, size_t g) const {
+  const GroupShard& s = groups_[g];
+  std::vector<Run> out;
+  const auto& params = group.params();
+  for (int64_t c = 0; c < s.chunks; c++) {
+    const int64_t lo = s.slice_begin(c), hi = lo + s.slice;
+    for (size_t p = 0; p < params.size(); p++) {
+      const int64_t b = std::max(lo, params[p].offset), e = std::min(hi, params[p].offset + params[p].numel());
+      if (b < e) out.push_back({p, b, e - b, c * s.slice + (b - lo)});
+    }
+  }
+  return out;
+}
+
+}  // namespace lattice::parallel
