@@ -19,12 +19,17 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit RankFailurePrinter(int rank) : rank_(rank) {}
 
+  // The current test is remembered here: GoogleTest calls OnTestPartResult
+  // with its own lock held, and UnitTest::current_test_info() takes that lock
+  // again (a self-deadlock on the first failure).
+  void OnTestStart(const ::testing::TestInfo& test) override {
+    current_ = std::string(test.test_suite_name()) + "." + test.name();
+  }
+
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.failed()) return;
-    const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::fprintf(stderr, "[rank %d] FAILURE in %s.%s at %s:%d\n%s\n", rank_, test ? test->test_suite_name() : "?",
-                 test ? test->name() : "?", result.file_name() ? result.file_name() : "?", result.line_number(),
-                 result.message());
+    std::fprintf(stderr, "[rank %d] FAILURE in %s at %s:%d\n%s\n", rank_, current_.c_str(),
+                 result.file_name() ? result.file_name() : "?", result.line_number(), result.message());
     std::fflush(stderr);
   }
 
@@ -37,6 +42,7 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 
  private:
   int rank_;
+  std::string current_ = "?";
 };
 
 }  // namespace

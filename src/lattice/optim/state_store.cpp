@@ -13,8 +13,10 @@ class MemoryStore final : public StateStore {
  public:
   MemoryStore(int64_t numel, int arrays) : numel_(numel) {
     LATTICE_CHECK(arrays == 2 || arrays == 3, "optimizer state store: 2 or 3 arrays, got " << arrays);
+    // Moments are optimizer memory; a parameter shard kept here (ZeRO-3) is parameter memory.
     for (int a = 0; a < arrays; a++)
-      buffers_.emplace_back(static_cast<size_t>(numel) * sizeof(float), MemCategory::Optimizer);
+      buffers_.emplace_back(static_cast<size_t>(numel) * sizeof(float),
+                            a == kP ? MemCategory::Params : MemCategory::Optimizer);
   }
   int64_t numel() const override { return numel_; }
   int arrays() const override { return static_cast<int>(buffers_.size()); }

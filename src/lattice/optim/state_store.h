@@ -45,7 +45,8 @@ class StateStore {
   virtual float* resident(int array) { (void)array; return nullptr; }
 };
 
-// Zero-initialised arrays in memory (counted as MemCategory::Optimizer).
+// Zero-initialised arrays in memory (moments counted as MemCategory::Optimizer,
+// a parameter array as MemCategory::Params).
 std::unique_ptr<StateStore> make_memory_store(int64_t numel, int arrays);
 
 }  // namespace lattice::optim

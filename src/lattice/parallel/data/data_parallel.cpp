@@ -13,11 +13,10 @@ namespace lattice::parallel {
 
 using optim::StateStore;
 
-// Borrowed buffers of whole-group size: at most two per distinct group size
-// (the one in use and the one prefetched or being reduced), or one when only
-// one group has that size (the embedding, ln_f). They are allocated on first
-// use and kept, zero-filled once: the model never writes the padding between
-// parameters, so it stays what it was.
+// Borrowed buffers of whole-group size: two per distinct group size (the one
+// in use and the one prefetched or being reduced), or one when only one group
+// has that size (the embedding, ln_f). All of them are allocated up front and
+// kept, so a rank's memory is the stated bound whatever the timing.
 struct DataParallel::Pool {
   struct Class {
     int64_t capacity = 0;
@@ -37,19 +36,20 @@ struct DataParallel::Pool {
         it->limit = 2;
       }
     }
+    for (Class& k : classes)
+      while (static_cast<int>(k.buffers.size()) < k.limit) {
+        k.buffers.emplace_back(static_cast<size_t>(k.capacity) * sizeof(float), category);
+        k.free.push_back(k.buffers.back().as<float>());
+      }
   }
   Class& of(int64_t capacity) {
     for (Class& k : classes)
       if (k.capacity == capacity) return k;
     LATTICE_FAIL("internal: no buffer class of " << capacity << " elements");
   }
-  // A free buffer, or nullptr when `limit` of them are lent out.
+  // A free buffer, or nullptr when all of them are lent out.
   float* take(int64_t capacity) {
     Class& k = of(capacity);
-    if (k.free.empty() && static_cast<int>(k.buffers.size()) < k.limit) {
-      k.buffers.emplace_back(static_cast<size_t>(capacity) * sizeof(float), category);
-      k.free.push_back(k.buffers.back().as<float>());
-    }
     if (k.free.empty()) return nullptr;
     float* p = k.free.back();
     k.free.pop_back();
@@ -57,10 +57,7 @@ struct DataParallel::Pool {
   }
   void give(int64_t capacity, float* p) { of(capacity).free.push_back(p); }
   // Whether take() would return a buffer.
-  bool available(int64_t capacity) {
-    Class& k = of(capacity);
-    return !k.free.empty() || static_cast<int>(k.buffers.size()) < k.limit;
-  }
+  bool available(int64_t capacity) { return !of(capacity).free.empty(); }
   size_t bytes() const {
     size_t b = 0;
     for (const Class& k : classes)
@@ -233,6 +230,7 @@ void DataParallel::optimizer_step(float lr, float grad_scale) {
 // ---------------------------------------------------------------- hooks
 
 void DataParallel::before_params(size_t g, Pass pass) {
+  stream_->note(std::string(pass == Pass::Forward ? "forward " : "backward ") + groups_[g].name());
   stream_->progress_point();
   reap();
   if (stage() < 3) return;

@@ -1,0 +1,257 @@
+// Data-parallel jobs through the real executable: a stop signal on one rank
+// stops every rank at the same step with one checkpoint; a rank that throws
+// or is killed ends the whole job within seconds, and the last good
+// checkpoint still loads; bad input gets one clear message. Every child runs
+// under a deadline, so a regression is a failed test, never a hung CI.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kTiny =
+    "--set model.n_layer=2 --set model.n_head=2 --set model.n_embd=32 --set model.vocab_size=64 "
+    "--set model.seq_len=16 --set train.micro_batch_size=2 --set train.threads=1 ";
+
+fs::path scratch(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("lattice_dp_cli_test_" + std::to_string(::getpid())) / name;
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// A child process (the shell runs `command` with exec, so the pid is mpiexec's
+// or lattice's own), its output going to a file.
+struct Child {
+  pid_t pid = -1;
+  fs::path log;
+  int status = -1;  // exit status, or 128 + signal
+  double seconds = 0;
+  std::chrono::steady_clock::time_point start;
+
+  // Waits up to `limit` seconds; kills the process group past it (status 124).
+  void wait(double limit) {
+    for (;;) {
+      int st = 0;
+      const pid_t r = ::waitpid(pid, &st, WNOHANG);
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (r == pid) {
+        status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        return;
+      }
+      if (seconds > limit) {
+        ::kill(-pid, SIGKILL);
+        ::waitpid(pid, &st, 0);
+        status = 124;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  std::string output() const { return read_file(log); }
+};
+
+Child spawn(const std::string& command, const fs::path& log) {
+  Child c;
+  c.log = log;
+  c.start = std::chrono::steady_clock::now();
+  c.pid = ::fork();
+  if (c.pid == 0) {
+    ::setpgid(0, 0);  // its own process group: the deadline kills everything it started
+    const std::string line = "exec " + command + " > '" + log.string() + "' 2>&1";
+    ::execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return c;
+}
+
+std::string mpiexec(int n) {
+  return std::string(LATTICE_MPIEXEC) + " -n " + std::to_string(n) + " --oversubscribe ";
+}
+
+// Pids of the processes whose parent is `parent` (mpiexec's ranks).
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid ...: comm may hold spaces, so parse after the last ')'.
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state;
+    long ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent) out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return out;
+}
+
+// Waits until `path` has at least `lines` lines (or the deadline passes).
+bool wait_for_lines(const fs::path& path, int lines, double limit) {
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < limit) {
+    std::ifstream f(path);
+    int n = 0;
+    std::string line;
+    while (std::getline(f, line)) n++;
+    if (n >= lines) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+std::string latest_step(const fs::path& run) {
+  std::string s = read_file(run / "latest");
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+// SIGTERM to one rank: both finish the same step, one checkpoint is saved,
+// the job exits 130, and the checkpoint resumes (here on one process).
+TEST(DataParallelJob, StopSignalOnOneRankStopsEveryRankAtTheSameStep) {
+  const fs::path dir = scratch("stop");
+  const std::string common = kTiny + "--set checkpoint.dir=" + (dir / "run").string() +
+                             " --set train.global_batch_size=4";
+  Child job = spawn(mpiexec(2) + LATTICE_BIN + " train " + common + " --set parallel.dp=2 --set train.steps=100000" +
+                        " --set log.metrics_file=" + (dir / "m.jsonl").string(),
+                    dir / "job.log");
+  ASSERT_TRUE(wait_for_lines(dir / "m.jsonl", 3, 60)) << read_file(dir / "job.log");
+  std::vector<pid_t> ranks = children_of(job.pid);
+  ASSERT_EQ(ranks.size(), 2u) << "mpiexec's children: " << ranks.size();
+  ::kill(ranks[1], SIGTERM);
+  job.wait(60);
+  const std::string out = job.output();
+  EXPECT_EQ(job.status, 130) << out;
+  EXPECT_LT(job.seconds, 60) << out;
+  EXPECT_TRUE(contains(out, "interrupted (signal 15) after step ")) << out;
+  // Exactly one checkpoint, at the step the line names.
+  const size_t at = out.find("interrupted (signal 15) after step ");
+  const long step = std::stol(out.substr(at + std::strlen("interrupted (signal 15) after step ")));
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%06ld", step);
+  EXPECT_EQ(latest_step(dir / "run"), name) << out;
+  int checkpoints = 0;
+  for (const auto& e : fs::directory_iterator(dir / "run"))
+    if (e.path().filename().string().rfind("step_", 0) == 0) checkpoints++;
+  EXPECT_EQ(checkpoints, 1) << out;
+  // It resumes on one process (same global batch, same data stream).
+  Child resume = spawn(std::string(LATTICE_BIN) + " train " + common + " --set train.steps=" +
+                           std::to_string(step + 2) + " --resume",
+                       dir / "resume.log");
+  resume.wait(60);
+  EXPECT_EQ(resume.status, 0) << resume.output();
+  EXPECT_TRUE(contains(resume.output(), "resumed from")) << resume.output();
+}
+
+// One rank throws in the middle of its backward while the other waits in a
+// bucket reduction: the job ends, non-zero, naming the rank and the cause.
+TEST(DataParallelJob, AnExceptionMidBackwardEndsTheJob) {
+  const fs::path dir = scratch("throw");
+  Child job = spawn("env LATTICE_COMM_TIMEOUT_S=600 " + mpiexec(2) + LATTICE_DP_FAULT_PROGRAM + " throw-mid-backward",
+                    dir / "job.log");
+  job.wait(60);
+  const std::string out = job.output();
+  EXPECT_NE(job.status, 0) << out;
+  EXPECT_NE(job.status, 124) << "the job hung\n" << out;
+  EXPECT_LT(job.seconds, 30) << out;
+  EXPECT_TRUE(contains(out, "rank 1: injected failure in the backward of block 0 at step 2")) << out;
+  EXPECT_FALSE(contains(out, "finished without the injected failure")) << out;
+}
+
+// SIGKILL of one rank ends the job (no hang), and the last checkpoint written
+// before it loads and continues.
+TEST(DataParallelJob, AKilledRankEndsTheJobAndTheLastCheckpointLoads) {
+  const fs::path dir = scratch("kill");
+  const std::string common = kTiny + "--set checkpoint.dir=" + (dir / "run").string() +
+                             " --set train.global_batch_size=4 --set checkpoint.every=1 --set checkpoint.keep=2";
+  Child job = spawn(mpiexec(2) + LATTICE_BIN + " train " + common + " --set parallel.dp=2 --set train.steps=100000" +
+                        " --set parallel.zero_stage=3 --set log.metrics_file=" + (dir / "m.jsonl").string(),
+                    dir / "job.log");
+  ASSERT_TRUE(wait_for_lines(dir / "m.jsonl", 4, 60)) << read_file(dir / "job.log");
+  std::vector<pid_t> ranks = children_of(job.pid);
+  ASSERT_EQ(ranks.size(), 2u);
+  ::kill(ranks[0], SIGKILL);
+  job.wait(60);
+  EXPECT_NE(job.status, 0) << job.output();
+  EXPECT_NE(job.status, 124) << "the job hung\n" << job.output();
+  EXPECT_LT(job.seconds, 30) << job.output();
+  // The newest complete checkpoint resumes, single process and at stage 0.
+  const std::string latest = latest_step(dir / "run");
+  ASSERT_FALSE(latest.empty());
+  const long step = std::stol(latest.substr(5));
+  Child resume = spawn(std::string(LATTICE_BIN) + " train " + common + " --set train.steps=" +
+                           std::to_string(step + 1) + " --resume",
+                       dir / "resume.log");
+  resume.wait(60);
+  EXPECT_EQ(resume.status, 0) << resume.output();
+  EXPECT_TRUE(contains(resume.output(), "resumed from")) << resume.output();
+}
+
+// Bad input: one line naming what is wrong, non-zero, for each case.
+TEST(DataParallelJob, BadInputNamesTheKey) {
+  const fs::path dir = scratch("bad");
+  struct Case {
+    std::string command, message;
+  };
+  const std::vector<Case> cases = {
+      {std::string(LATTICE_BIN) + " train " + kTiny + "--set parallel.bucket_mb=0",
+       "parallel.bucket_mb must be a number > 0, got 0"},
+      {std::string(LATTICE_BIN) + " train " + kTiny + "--set parallel.zero_stage=4",
+       "parallel.zero_stage must be an integer in 0..3, got 4"},
+      {std::string(LATTICE_BIN) + " train " + kTiny + "--set zero.offload=disk --set zero.offload_dir=" +
+           (dir / "missing").string(),
+       "zero.offload_dir='" + (dir / "missing").string() + "' does not exist"},
+      {std::string(LATTICE_BIN) + " train " + kTiny + "--set zero.offload=disk --set zero.offload_dir=/proc",
+       "zero.offload_dir='/proc' is not writable"},
+      {std::string(LATTICE_BIN) + " train " + kTiny + "--set zero.offload=disk",
+       "zero.offload=disk needs zero.offload_dir"},
+      {mpiexec(3) + LATTICE_BIN + " train " + kTiny + "--set parallel.dp=2",
+       "parallel.pp=1 × parallel.dp=2 × parallel.cp=1 × parallel.tp=1 = 2 does not equal the 3 ranks started"},
+      {std::string(LATTICE_BIN) + " train " + kTiny + "--set train.global_batch_size=10 --set parallel.dp=2",
+       "train.global_batch_size=10 is not divisible by parallel.dp=2 x train.micro_batch_size=2 = 4"},
+  };
+  for (size_t i = 0; i < cases.size(); i++) {
+    Child c = spawn(cases[i].command, dir / ("case" + std::to_string(i) + ".log"));
+    c.wait(60);
+    EXPECT_NE(c.status, 0) << cases[i].command << "\n" << c.output();
+    EXPECT_NE(c.status, 124) << cases[i].command;
+    EXPECT_TRUE(contains(c.output(), cases[i].message)) << cases[i].command << "\n" << c.output();
+  }
+  // ZeRO with one data-parallel rank is not an error: there is nothing to
+  // shard, the run says so and goes on (disk offload still applies).
+  Child note = spawn(std::string(LATTICE_BIN) + " train " + kTiny + "--set parallel.zero_stage=2 --set train.steps=2",
+                     dir / "note.log");
+  note.wait(60);
+  EXPECT_EQ(note.status, 0) << note.output();
+  EXPECT_TRUE(contains(note.output(), "note: parallel.zero_stage=2 with parallel.dp=1 has nothing to shard; the run "
+                                      "is the same as stage 0"))
+      << note.output();
+}

@@ -1,0 +1,66 @@
+// A data-parallel training job that fails on purpose, for dp_cli_test:
+//
+//   mpiexec -n 2 dp_fault_program throw-mid-backward
+//
+// trains a tiny model at dp=2; on step 2, rank 1 throws from inside its
+// backward (when the backward reaches block 0, after it has posted the
+// reduction of block 1), while rank 0 runs on into that step's reductions
+// and waits there for a partner that never comes. The job must end with
+// rank 1's message within seconds (run_guarded aborts it), not hang.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "lattice/comm/runtime.h"
+#include "lattice/core/error.h"
+#include "lattice/io/config.h"
+#include "lattice/parallel/data/data_parallel.h"
+#include "lattice/train/trainer.h"
+
+using namespace lattice;
+
+namespace {
+
+// Forwards to the trainer's hooks, and throws once on one rank.
+class ThrowingHooks final : public model::GroupHooks {
+ public:
+  ThrowingHooks(model::GroupHooks& inner, const train::Trainer& trainer) : inner_(inner), trainer_(trainer) {}
+  void before_params(size_t g, Pass pass) override {
+    if (comm::world_rank() == 1 && trainer_.step() == 1 && pass == Pass::Backward && g == 1)
+      LATTICE_FAIL("injected failure in the backward of block 0 at step 2");
+    inner_.before_params(g, pass);
+  }
+  void after_params(size_t g, Pass pass) override { inner_.after_params(g, pass); }
+  void before_grads(size_t g) override { inner_.before_grads(g); }
+  void grads_done(size_t g) override { inner_.grads_done(g); }
+
+ private:
+  model::GroupHooks& inner_;
+  const train::Trainer& trainer_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return comm::run_guarded(argc, argv, [&] {
+    LATTICE_CHECK(argc == 2 && std::strcmp(argv[1], "throw-mid-backward") == 0,
+                  "usage: dp_fault_program throw-mid-backward");
+    io::RunConfig c;
+    c.model.n_layer = 2;
+    c.model.n_head = 2;
+    c.model.n_embd = 32;
+    c.model.vocab_size = 64;
+    c.model.seq_len = 16;
+    c.train.micro_batch_size = 2;
+    c.train.threads = 1;
+    c.train.steps = 5;
+    c.parallel.dp = comm::world_size();
+    c.parallel.bucket_mb = 0.01;
+    train::Trainer t(c, train::TrainerOptions{false});
+    ThrowingHooks hooks(t.data_parallel(), t);
+    t.model().set_hooks(&hooks);
+    for (int s = 0; s < 5; s++) t.train_step();
+    std::printf("rank %d: finished without the injected failure\n", comm::world_rank());
+    return 0;
+  });
+}
