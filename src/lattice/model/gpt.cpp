@@ -131,11 +131,52 @@ static int64_t carve_grads(Slot* s, float* base, const ModelConfig& c, int64_t N
   return cv.used(base);
 }
 
-GPT::GPT(const ModelConfig& config, uint64_t seed) : GPT(Build{}, config, &seed) {}
+// The model's own TiedEmbedding: wte and wpe whole, in the embedding group.
+class LocalEmbedding final : public TiedEmbedding {
+ public:
+  LocalEmbedding(ParamGroup& group, const ModelConfig& config) : e_(group), c_(config) {}
+  void lookup(float* x, const int32_t* tokens, int B, int T, int first_position) override {
+    k::embedding_forward(x, tokens, e_.param(kWte), e_.param(kWpe) + static_cast<int64_t>(first_position) * c_.n_embd,
+                         B, T, c_.n_embd);
+  }
+  void head_forward(float* logits, const float* lnf, int64_t rows, int64_t ld) override {
+    const int C = c_.n_embd, Vp = c_.padded_vocab();
+    k::gemm(false, true, rows, Vp, C, 1.0f, lnf, ld, e_.param(kWte), C, 0.0f, logits, Vp);
+  }
+  void head_backward_input(float* dlnf, const float* dlogits, int64_t N) override {
+    k::linear_backward_input(dlnf, dlogits, e_.param(kWte), N, c_.n_embd, c_.padded_vocab(), false);
+  }
+  void head_backward_weight(const float* dlogits, const float* lnf, int64_t N) override {
+    bool acc = false;
+    float* dwte = e_.write_grad(kWte, &acc);
+    k::linear_backward_weight(dwte, nullptr, dlogits, lnf, N, c_.n_embd, c_.padded_vocab(), acc);
+  }
+  void lookup_backward(const float* dx, const int32_t* tokens, int B, int T) override {
+    // A scatter-add cannot overwrite: a gradient nobody has written since
+    // zero_grad() is cleared first. wte normally already holds the head's
+    // share (head_backward_weight runs first); wpe is cleared here on the
+    // first micro-batch of a step (T·C floats).
+    float* d[2];
+    for (size_t p : {kWte, kWpe}) {
+      bool acc = false;
+      d[p] = e_.write_grad(p, &acc);
+      if (!acc) std::memset(d[p], 0, sizeof(float) * e_.params()[p].numel());
+    }
+    k::embedding_backward(d[kWte], d[kWpe], dx, tokens, B, T, c_.n_embd);
+  }
 
-GPT::GPT(const ModelConfig& config, NoInit) : GPT(Build{}, config, nullptr) {}
+ private:
+  ParamGroup& e_;
+  const ModelConfig& c_;
+};
 
-GPT::GPT(Build, const ModelConfig& config, const uint64_t* seed) : config_(config) {
+GPT::GPT(const ModelConfig& config, uint64_t seed) : GPT(Build{}, config, &seed, true) {}
+
+GPT::GPT(const ModelConfig& config, NoInit) : GPT(Build{}, config, nullptr, true) {}
+
+GPT::GPT(const ModelConfig& config, Unallocated) : GPT(Build{}, config, nullptr, false) {}
+
+GPT::GPT(Build, const ModelConfig& config, const uint64_t* seed, bool allocate) : config_(config) {
   config_.validate();
   const int64_t C = config_.n_embd, L = config_.n_layer, Vp = config_.padded_vocab();
   // GPT-2 initialisation: weights N(0, 0.02²); the projections that write into
@@ -190,6 +231,8 @@ GPT::GPT(Build, const ModelConfig& config, const uint64_t* seed) : config_(confi
   fin.add(constant("ln_f.bias", C, 0.0f));
   groups_.push_back(std::move(fin));
 
+  own_embedding_ = std::make_unique<LocalEmbedding>(groups_.front(), config_);
+  if (!allocate) return;
   for (ParamGroup& g : groups_) {
     g.allocate();
     if (seed) g.initialize(*seed);
@@ -290,9 +333,8 @@ void GPT::forward_body(Slot& s, const int32_t* inputs) {
   std::memcpy(s.inputs, inputs, N * sizeof(int32_t));
   // The embedding's parameters stay in until the caller's head is done with wte.
   params_in(embedding_index(), Pass::Forward);
-  ParamGroup& e = embedding_group();
   // x₀ = wte[tokens] + wpe[0..T)
-  k::embedding_forward(s.x[0], inputs, e.param(kWte), e.param(kWpe), B, T, C);
+  tied().lookup(s.x[0], inputs, B, T, 0);
   for (int l = 0; l < L; l++) {
     const LayerActs& a = s.layers[l];
     params_in(block_index(l), Pass::Forward);
@@ -323,7 +365,7 @@ float GPT::forward(int slot_index, const int32_t* inputs, const int32_t* targets
   check_ids("target", targets, N, V);
   // logits = LN_f(x_L) · wteᵀ, then loss and dlogits in one pass:
   // dlogits = (loss_grad_scale / N) · (softmax - onehot).
-  k::linear_forward(s.logits, s.lnf, embedding_group().param(kWte), nullptr, N, C, Vp);
+  tied().head_forward(s.logits, s.lnf, N, C);
   params_out(embedding_index(), Pass::Forward);
   k::crossentropy_forward_backward(s.logits, s.losses, targets, N, V, Vp,
                                    loss_grad_scale / static_cast<float>(N));
@@ -344,7 +386,7 @@ float GPT::evaluate(const int32_t* inputs, const int32_t* targets, int B, int T)
   const int64_t N = static_cast<int64_t>(B) * T;
   const int C = config_.n_embd, V = config_.vocab_size, Vp = config_.padded_vocab();
   check_ids("target", targets, N, V);
-  k::linear_forward(s.logits, s.lnf, embedding_group().param(kWte), nullptr, N, C, Vp);
+  tied().head_forward(s.logits, s.lnf, N, C);
   params_out(embedding_index(), Pass::Forward);
   k::crossentropy_forward(s.losses, s.logits, targets, N, V, Vp);
   return mean_of(s.losses, N);
@@ -353,10 +395,9 @@ float GPT::evaluate(const int32_t* inputs, const int32_t* targets, int B, int T)
 const float* GPT::last_logits(const int32_t* inputs, int B, int T) {
   Slot& s = inference_slot(B, T);
   forward_body(s, inputs);
-  const int C = config_.n_embd, Vp = config_.padded_vocab();
+  const int C = config_.n_embd;
   // Only the last position of each row: lnf rows (b, T-1), stride T·C.
-  k::gemm(false, true, B, Vp, C, 1.0f, s.lnf + static_cast<int64_t>(T - 1) * C, static_cast<int64_t>(T) * C,
-          embedding_group().param(kWte), C, 0.0f, s.logits, Vp);
+  tied().head_forward(s.logits, s.lnf + static_cast<int64_t>(T - 1) * C, B, static_cast<int64_t>(T) * C);
   params_out(embedding_index(), Pass::Forward);
   return s.logits;
 }
@@ -418,7 +459,6 @@ const float* GPT::next_logits(const int32_t* context, int64_t n) {
 
 const float* GPT::decode(const int32_t* tokens, int n) {
   const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer, T = config_.seq_len;
-  const int Vp = config_.padded_vocab();
   if (!decode_) {
     decode_ = std::make_unique<DecodeState>();
     decode_->cache = Buffer(sizeof(float) * 2 * static_cast<size_t>(L) * T * C, MemCategory::Activations);
@@ -433,9 +473,8 @@ const float* GPT::decode(const int32_t* tokens, int n) {
                                                    << " (decode_reset() starts over)");
   check_ids("token", tokens, n, config_.vocab_size);
   params_in(embedding_index(), Pass::Forward);
-  ParamGroup& e = embedding_group();
   // x = wte[tokens] + wpe[pos .. pos + n)
-  k::embedding_forward(d.x, tokens, e.param(kWte), e.param(kWpe) + static_cast<int64_t>(pos) * C, 1, n, C);
+  tied().lookup(d.x, tokens, 1, n, pos);
   const LayerActs& a = d.block;
   for (int l = 0; l < L; l++) {
     float* keys = d.cache.as<float>() + static_cast<int64_t>(l) * 2 * T * C;
@@ -458,7 +497,7 @@ const float* GPT::decode(const int32_t* tokens, int n) {
   k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, d.x + static_cast<int64_t>(n - 1) * C, f.param(kLnfW),
                        f.param(kLnfB), 1, C);
   params_out(final_index(), Pass::Forward);
-  k::gemm(false, true, 1, Vp, C, 1.0f, a.ln1, C, e.param(kWte), C, 0.0f, d.logits, Vp);
+  tied().head_forward(d.logits, a.ln1, 1, C);
   params_out(embedding_index(), Pass::Forward);
   d.tokens.insert(d.tokens.end(), tokens, tokens + n);
   return d.logits;
@@ -486,10 +525,10 @@ static LayerGrads& dlayer_of(Slot& s, int l) { return s.split ? s.dlayers[l] : s
 
 void GPT::head_backward_input(Slot& s) {
   const int64_t N = static_cast<int64_t>(s.B) * s.T;
-  const int C = config_.n_embd, L = config_.n_layer, Vp = config_.padded_vocab();
+  const int C = config_.n_embd, L = config_.n_layer;
   ParamGroup& f = final_group();
   // dlnf = dlogits · wte ;  dx_L = LN_f backward (accumulating into zero)
-  k::linear_backward_input(s.dlnf, s.logits, embedding_group().param(kWte), N, C, Vp, false);
+  tied().head_backward_input(s.dlnf, s.logits, N);
   float* dxL = dx_of(s, L);
   std::memset(dxL, 0, N * C * sizeof(float));
   k::layernorm_backward_input(dxL, s.dlnf, s.x[L], f.param(kLnfW), s.lnf_mean, s.lnf_rstd, N, C);
@@ -497,13 +536,10 @@ void GPT::head_backward_input(Slot& s) {
 
 void GPT::head_backward_weight(Slot& s) {
   const int64_t N = static_cast<int64_t>(s.B) * s.T;
-  const int C = config_.n_embd, L = config_.n_layer, Vp = config_.padded_vocab();
+  const int L = config_.n_layer;
   ParamGroup& f = final_group();
-  ParamGroup& e = embedding_group();
   // d wte (+)= dlogitsᵀ · LN_f(x_L)   (the tied head's share of the wte gradient)
-  bool acc = false;
-  float* dwte = e.write_grad(kWte, &acc);
-  k::linear_backward_weight(dwte, nullptr, s.logits, s.lnf, N, C, Vp, acc);
+  tied().head_backward_weight(s.logits, s.lnf, N);
   layernorm_weight_grads(f, kLnfW, kLnfB, s.dlnf, s.x[L], s.lnf_mean, s.lnf_rstd, N);
 }
 
@@ -573,20 +609,7 @@ void GPT::layer_backward_weight(Slot& s, int l) {
   layernorm_weight_grads(g, kLn1W, kLn1B, d.dln1, s.x[l], a.ln1_mean, a.ln1_rstd, N);
 }
 
-void GPT::embedding_backward_weight(Slot& s) {
-  ParamGroup& e = embedding_group();
-  // A scatter-add cannot overwrite: a gradient nobody has written since
-  // zero_grad() is cleared first. wte normally already holds the head's share
-  // (head_backward_weight runs first); wpe is cleared here on the first
-  // micro-batch of a step (T·C floats).
-  float* d[2];
-  for (size_t p : {kWte, kWpe}) {
-    bool acc = false;
-    d[p] = e.write_grad(p, &acc);
-    if (!acc) std::memset(d[p], 0, sizeof(float) * e.params()[p].numel());
-  }
-  k::embedding_backward(d[kWte], d[kWpe], dx_of(s, 0), s.inputs, s.B, s.T, config_.n_embd);
-}
+void GPT::embedding_backward_weight(Slot& s) { tied().lookup_backward(dx_of(s, 0), s.inputs, s.B, s.T); }
 
 static Slot& existing_slot(std::vector<std::unique_ptr<Slot>>& slots, int index) {
   LATTICE_CHECK(index >= 0 && static_cast<size_t>(index) < slots.size() && slots[index],

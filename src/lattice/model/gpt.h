@@ -46,6 +46,28 @@ struct DecodeState;  // the key/value cache of decode() (gpt.cpp)
 //             grads_done(emb) after the embedding's scatter-add, last.
 // backward_input / backward_weight split the backward: parameters are read
 // in backward_input only, gradients are written in backward_weight.
+// The five things the model does with its tied token embedding (wte, shared
+// by the input lookup and the LM head) and the position embedding wpe. The
+// model has its own implementation over the embedding group's buffers;
+// ZeRO-2/3 install one that works on a sharded embedding (piece by piece,
+// never holding the whole table: parallel/zero/sharded_embedding.h), and the
+// vocabulary-parallel embedding of tensor parallelism will be a third.
+class TiedEmbedding {
+ public:
+  virtual ~TiedEmbedding() = default;
+  // x[b,t,:] = wte[tokens[b,t]] + wpe[first_position + t]       x: [B·T, C]
+  virtual void lookup(float* x, const int32_t* tokens, int B, int T, int first_position) = 0;
+  // logits[i, 0:Vp] = lnf_i · wteᵀ for `rows` rows of lnf (leading dimension
+  // ld); logits has leading dimension Vp.
+  virtual void head_forward(float* logits, const float* lnf, int64_t rows, int64_t ld) = 0;
+  // dlnf[N, C] = dlogits[N, Vp] · wte   (written)
+  virtual void head_backward_input(float* dlnf, const float* dlogits, int64_t N) = 0;
+  // d wte (+)= dlogitsᵀ · lnf   (the head's share of wte's gradient)
+  virtual void head_backward_weight(const float* dlogits, const float* lnf, int64_t N) = 0;
+  // d wte[tokens[b,t]] += dx[b,t,:] ;  d wpe[t] (+)= Σ_b dx[b,t,:]   (the lookup's share)
+  virtual void lookup_backward(const float* dx, const int32_t* tokens, int B, int T) = 0;
+};
+
 class GroupHooks {
  public:
   enum class Pass { Forward, Backward };
@@ -71,6 +93,11 @@ class GPT {
   // GPT-2 124M for nothing.
   struct NoInit {};
   GPT(const ModelConfig& config, NoInit);
+  // Declares every parameter without allocating anything: for data
+  // parallelism, which allocates what each rank keeps (ZeRO) and initialises
+  // it with ParamGroup::initial_values.
+  struct Unallocated {};
+  GPT(const ModelConfig& config, Unallocated);
   ~GPT();
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
@@ -123,6 +150,8 @@ class GPT {
 
   // Installs (or, with nullptr, removes) the hooks; not owned.
   void set_hooks(GroupHooks* hooks) { hooks_ = hooks; }
+  // Replaces (nullptr: restores) the model's own embedding operations; not owned.
+  void set_tied_embedding(TiedEmbedding* embedding) { custom_embedding_ = embedding; }
   GroupHooks* hooks() const { return hooks_; }
   size_t embedding_index() const { return 0; }
   size_t block_index(int layer) const { return 1 + static_cast<size_t>(layer); }
@@ -137,7 +166,7 @@ class GPT {
 
  private:
   struct Build {};
-  GPT(Build, const ModelConfig& config, const uint64_t* seed);  // seed null: no init
+  GPT(Build, const ModelConfig& config, const uint64_t* seed, bool allocate);  // seed null: no init
   Slot& slot(int index, int B, int T);
   // Slot 0 when no micro-batch is in flight there, else a separate one.
   Slot& inference_slot(int B, int T);
@@ -165,6 +194,9 @@ class GPT {
   std::unique_ptr<Slot> eval_slot_;
   std::unique_ptr<DecodeState> decode_;
   GroupHooks* hooks_ = nullptr;
+  std::unique_ptr<TiedEmbedding> own_embedding_;
+  TiedEmbedding* custom_embedding_ = nullptr;
+  TiedEmbedding& tied() { return custom_embedding_ ? *custom_embedding_ : *own_embedding_; }
 };
 
 }  // namespace lattice::model

@@ -46,14 +46,19 @@ void ParamGroup::add(ParamInfo info) {
   // Each parameter starts on a 64-byte boundary (16 floats) for aligned vector loads.
   numel_ += (info.numel() + 15) / 16 * 16;
   params_.push_back(std::move(info));
+  grad_written_.push_back(1);  // buffers start zeroed: a valid (zero) gradient
 }
 
-void ParamGroup::allocate(int64_t capacity) {
+void ParamGroup::allocate(int64_t capacity, bool params, bool grads) {
   capacity_ = std::max(numel_, capacity);
-  data_ = Buffer(static_cast<size_t>(capacity_) * sizeof(float), MemCategory::Params);
-  grad_ = Buffer(static_cast<size_t>(capacity_) * sizeof(float), MemCategory::Grads);
-  data_ptr_ = data_.as<float>();
-  grad_ptr_ = grad_.as<float>();
+  if (params) {
+    data_ = Buffer(static_cast<size_t>(capacity_) * sizeof(float), MemCategory::Params);
+    data_ptr_ = data_.as<float>();
+  }
+  if (grads) {
+    grad_ = Buffer(static_cast<size_t>(capacity_) * sizeof(float), MemCategory::Grads);
+    grad_ptr_ = grad_.as<float>();
+  }
   grad_written_.assign(params_.size(), 1);  // Buffer memory starts zeroed: a valid (zero) gradient
 }
 
@@ -96,25 +101,42 @@ float* ParamGroup::grad_storage() {
   return grad_ptr_;
 }
 
+// Element `i` of parameter `info`'s slice (ShardSpec) as it starts.
+static inline float initial_value(const ParamInfo& info, uint64_t seed, uint64_t name_hash, int64_t row_len,
+                                  int64_t i) {
+  const int64_t full = info.shard.full_index(info.full_shape, info.shape, i);
+  if (info.real_rows >= 0 && full / row_len >= info.real_rows) return 0.0f;
+  if (info.init.kind == InitSpec::Constant) return info.init.value;
+  return init_normal_hashed(seed, name_hash, static_cast<uint64_t>(full)) * info.init.value;
+}
+
+static int64_t row_length(const ParamInfo& info) {
+  int64_t row_len = 1;
+  for (size_t d = 1; d < info.full_shape.size(); d++) row_len *= info.full_shape[d];
+  return row_len;
+}
+
 void ParamGroup::initialize(uint64_t seed) {
   for (size_t p = 0; p < params_.size(); p++) {
     const ParamInfo& info = params_[p];
     float* out = param(p);
     const int64_t n = info.numel();
     const uint64_t h = hash_name(info.name);
-    int64_t row_len = 1;
-    for (size_t d = 1; d < info.full_shape.size(); d++) row_len *= info.full_shape[d];
+    const int64_t row_len = row_length(info);
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-      int64_t full = info.shard.full_index(info.full_shape, info.shape, i);
-      if (info.real_rows >= 0 && full / row_len >= info.real_rows) {
-        out[i] = 0.0f;
-      } else if (info.init.kind == InitSpec::Constant) {
-        out[i] = info.init.value;
-      } else {
-        out[i] = init_normal_hashed(seed, h, static_cast<uint64_t>(full)) * info.init.value;
-      }
-    }
+    for (int64_t i = 0; i < n; i++) out[i] = initial_value(info, seed, h, row_len, i);
+  }
+}
+
+void ParamGroup::initial_values(uint64_t seed, int64_t begin, int64_t n, float* out) const {
+  std::fill(out, out + n, 0.0f);
+  for (const ParamInfo& info : params_) {
+    const int64_t lo = std::max(begin, info.offset), hi = std::min(begin + n, info.offset + info.numel());
+    if (lo >= hi) continue;
+    const uint64_t h = hash_name(info.name);
+    const int64_t row_len = row_length(info);
+#pragma omp parallel for schedule(static) if (hi - lo > 4096)
+    for (int64_t i = lo; i < hi; i++) out[i - begin] = initial_value(info, seed, h, row_len, i - info.offset);
   }
 }
 

@@ -68,14 +68,19 @@ class ParamGroup {
 
   // Declares a parameter; call allocate() after the last one.
   void add(ParamInfo info);
-  // Allocates the flat parameter and gradient buffers (zeroed), of
+  // Allocates the flat parameter and/or gradient buffers (zeroed), of
   // max(numel(), capacity) elements: data parallelism pads a group to whole
-  // buckets (the tail past numel() stays zero).
-  void allocate(int64_t capacity = 0);
+  // buckets (the tail past numel() stays zero). ZeRO allocates only what a
+  // rank keeps whole (nothing at stage 3).
+  void allocate(int64_t capacity = 0, bool params = true, bool grads = true);
   // Fills every parameter from its InitSpec: element i of the full tensor of
   // parameter `name` gets init_normal(seed, name, i)·std, whatever slice this
   // rank holds, so every layout starts from the same weights.
   void initialize(uint64_t seed);
+  // The same initial values for elements [begin, begin + n) of the flat
+  // buffer, into out[0, n) (padding between parameters and past numel() is
+  // 0): how ZeRO-3 initialises a shard without the whole group ever existing.
+  void initial_values(uint64_t seed, int64_t begin, int64_t n, float* out) const;
 
   const std::string& name() const { return name_; }
   const std::vector<ParamInfo>& params() const { return params_; }

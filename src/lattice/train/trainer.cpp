@@ -102,16 +102,10 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
 
   const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
   const uint64_t seed = static_cast<uint64_t>(config_.train.seed);
-  // Resuming or starting from a model file overwrites every parameter (the
-  // loaders refuse a file that lacks one), so the initial values are not drawn.
-  const bool loads_every_param = !config_.checkpoint.resume.empty() || !config_.checkpoint.init_from.empty();
-  model_ = loads_every_param ? std::make_unique<model::GPT>(model_config_, model::GPT::NoInit{})
-                             : std::make_unique<model::GPT>(model_config_, seed);
-  if (!config_.checkpoint.init_from.empty()) {
-    load_model_safetensors(*model_, params_of(*model_), config_.checkpoint.init_from);
-  }
-  // Data parallelism and ZeRO (one rank: stage 0 over a group of one, no
-  // communication) own the optimizer and the gradient reduction.
+  // The model declares its parameters; data parallelism and ZeRO (one rank:
+  // stage 0 over a group of one, no communication) allocate what this rank
+  // keeps, and own the optimizer and the gradient reduction.
+  model_ = std::make_unique<model::GPT>(model_config_, model::GPT::Unallocated{});
   parallel::DataParallelOptions dpo;
   dpo.zero_stage = p.zero_stage;
   dpo.bucket_bytes = p.bucket_mb * 1024.0 * 1024.0;
@@ -124,6 +118,19 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   dpo.adam.eps = static_cast<float>(config_.optim.eps);
   dpo.adam.weight_decay = static_cast<float>(config_.optim.weight_decay);
   dp_ = std::make_unique<parallel::DataParallel>(*model_, mesh_->dp(), dpo);
+  // Initial values: drawn, or from a model file (every rank reads it and
+  // keeps its part); resuming overwrites them all, so nothing is drawn then.
+  if (!config_.checkpoint.init_from.empty()) {
+    io::SafeTensorsReader file(config_.checkpoint.init_from);
+    const HfSource src = safetensors_source(file, config_.checkpoint.init_from);
+    for (size_t g = 0; g < model_->groups().size(); g++) {
+      std::vector<float> full(static_cast<size_t>(model_->groups()[g].capacity()), 0.0f);
+      import_hf_group(model_->groups()[g], full.data(), src);
+      dp_->load_full(g, parallel::DataParallel::State::Params, full.data());
+    }
+  } else if (config_.checkpoint.resume.empty()) {
+    dp_->initialize(seed);
+  }
 
   // Each rank reads its part of every global batch (data/loader.h).
   BatchLayout layout;

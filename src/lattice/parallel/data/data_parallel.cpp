@@ -27,8 +27,10 @@ struct DataParallel::Pool {
   MemCategory category;
   std::vector<Class> classes;
 
-  Pool(MemCategory c, const std::vector<model::ParamGroup>& groups) : category(c) {
-    for (const model::ParamGroup& g : groups) {
+  // Buffers for groups [first, end) of `groups`.
+  Pool(MemCategory c, const std::vector<model::ParamGroup>& groups, size_t first) : category(c) {
+    for (size_t i = first; i < groups.size(); i++) {
+      const model::ParamGroup& g = groups[i];
       auto it = std::find_if(classes.begin(), classes.end(), [&](const Class& k) { return k.capacity == g.capacity(); });
       if (it == classes.end()) {
         classes.push_back(Class{g.capacity(), 1, {}, {}});
@@ -78,15 +80,24 @@ DataParallel::DataParallel(model::GPT& model, comm::Communicator& dp, const Data
     : model_(model),
       groups_(model.groups()),
       options_(options),
-      layout_(model.groups(), dp.size(), dp.rank(), options.bucket_bytes),
+      // The embedding group in whole rows (sharded_embedding.h works row block by row block).
+      layout_(model.groups(), dp.size(), dp.rank(), options.bucket_bytes, {model.config().n_embd}),
       opt_layout_(options.zero_stage == 0 ? ShardLayout(model.groups(), 1, 0, options.bucket_bytes) : layout_) {
   LATTICE_CHECK(options.zero_stage >= 0 && options.zero_stage <= 3,
                 "parallel.zero_stage=" << options.zero_stage << " is not a ZeRO stage (0, 1, 2 or 3)");
   const int stage = options.zero_stage;
   const size_t G = groups_.size();
   // Whole buckets (and, at stage 0, whole optimizer chunks) in every group.
-  for (size_t g = 0; g < G; g++)
-    groups_[g].set_capacity(std::max(layout_.group(g).capacity(), opt_layout_.group(g).capacity()));
+  // A model built Unallocated gets only the buffers this stage keeps whole; an
+  // allocated one is padded (and, further down, trimmed to the stage).
+  const bool allocated = groups_.front().has_params();
+  for (size_t g = 0; g < G; g++) {
+    const int64_t capacity = std::max(layout_.group(g).capacity(), opt_layout_.group(g).capacity());
+    if (allocated)
+      groups_[g].set_capacity(capacity);
+    else
+      groups_[g].allocate(capacity, /*params=*/stage < 3, /*grads=*/stage < 2);
+  }
 
   int64_t total = 0;
   for (size_t g = 0; g < G; g++) {
@@ -104,6 +115,7 @@ DataParallel::DataParallel(model::GPT& model, comm::Communicator& dp, const Data
           : optim::make_memory_store(total, arrays);
 
   if (stage >= 2) {
+    for (model::ParamGroup& group : groups_) group.release_own_grads();  // before the shards: no overlap
     shard_grads_.resize(G);
     shard_grad_written_.assign(G, 0);
     for (size_t g = 0; g < G; g++)
@@ -128,20 +140,31 @@ DataParallel::DataParallel(model::GPT& model, comm::Communicator& dp, const Data
     const GroupShard* largest = nullptr;
     for (size_t g = 0; g < G; g++) {
       const GroupShard& s = layout_.group(g);
-      for (int64_t c = 0; c < s.chunks; c++)
-        store->write(StateStore::kP, shard_base_[g] + c * s.slice, s.slice, groups_[g].data() + s.slice_begin(c));
+      if (allocated)
+        for (int64_t c = 0; c < s.chunks; c++)
+          store->write(StateStore::kP, shard_base_[g] + c * s.slice, s.slice, groups_[g].data() + s.slice_begin(c));
       if (!largest || s.shard_numel() > largest->shard_numel()) largest = &s;
     }
     if (options.offload_to_disk && largest)
       staging_ = Buffer(static_cast<size_t>(largest->shard_numel()) * sizeof(float), MemCategory::Params);
     for (model::ParamGroup& group : groups_) group.release_own_params();
-    param_pool_ = std::make_unique<Pool>(MemCategory::Params, groups_);
+    param_pool_ = std::make_unique<Pool>(MemCategory::Params, groups_, 1);  // not the embedding
+    if (options.offload_to_disk)
+      embedding_staging_ = Buffer(static_cast<size_t>(layout_.group(0).shard_numel()) * sizeof(float),
+                                  MemCategory::Params);
   }
-  if (stage >= 2) {
-    for (model::ParamGroup& group : groups_) group.release_own_grads();
-    grad_pool_ = std::make_unique<Pool>(MemCategory::Grads, groups_);
-  }
+  if (stage >= 2) grad_pool_ = std::make_unique<Pool>(MemCategory::Grads, groups_, 1);
   optimizer_ = std::make_unique<optim::AdamW>(std::move(segments), std::move(store), options.adam);
+  if (stage >= 2) {
+    const float* emb_params = nullptr;
+    if (stage == 3) {
+      float* resident = optimizer_->store().resident(StateStore::kP);
+      emb_params = resident ? resident + shard_base_[0] : embedding_staging_.as<float>();
+    }
+    embedding_ = std::make_unique<ShardedEmbedding>(groups_[0], model_.config(), layout_.group(0), *stream_,
+                                                    emb_params, shard_grads_[0].as<float>());
+    model_.set_tied_embedding(embedding_.get());
+  }
   gather_ticket_.assign(G, 0);
   gathered_.assign(G, 0);
   model_.set_hooks(this);
@@ -149,6 +172,26 @@ DataParallel::DataParallel(model::GPT& model, comm::Communicator& dp, const Data
 
 DataParallel::~DataParallel() {
   if (model_.hooks() == this) model_.set_hooks(nullptr);
+  if (embedding_) model_.set_tied_embedding(nullptr);
+}
+
+void DataParallel::initialize(uint64_t seed) {
+  if (stage() < 3) {
+    for (model::ParamGroup& group : groups_) group.initialize(seed);
+    return;
+  }
+  // Stage 3: each rank computes only its slices (the values depend on
+  // (seed, name, index in the full tensor) alone, so they are the same as
+  // the whole model's).
+  StateStore& store = optimizer_->store();
+  for (size_t g = 0; g < groups_.size(); g++) {
+    const GroupShard& s = layout_.group(g);
+    std::vector<float> slice(static_cast<size_t>(s.slice));
+    for (int64_t c = 0; c < s.chunks; c++) {
+      groups_[g].initial_values(seed, s.slice_begin(c), s.slice, slice.data());
+      store.write(StateStore::kP, shard_base_[g] + c * s.slice, s.slice, slice.data());
+    }
+  }
 }
 
 std::string DataParallel::describe() const {
@@ -189,6 +232,7 @@ void DataParallel::reap() {
 }
 
 void DataParallel::finish_gradients() {
+  if (embedding_) embedding_->finish();
   stream_->wait_all();
   reap();
   LATTICE_CHECK(pending_grad_releases_.empty(), "internal: gradient buffers still lent after the last reduction");
@@ -234,6 +278,14 @@ void DataParallel::before_params(size_t g, Pass pass) {
   stream_->progress_point();
   reap();
   if (stage() < 3) return;
+  if (g == 0) {
+    // The embedding gathers itself, chunk by chunk. From disk, its shard is
+    // read into memory for the pass.
+    if (options_.offload_to_disk)
+      optimizer_->store().read(StateStore::kP, shard_base_[0], layout_.group(0).shard_numel(),
+                               embedding_staging_.as<float>());
+    return;
+  }
   if (!gathered_[g]) {
     if (!gather_ticket_[g]) post_gather(g);
     stream_->wait(gather_ticket_[g]);
@@ -283,7 +335,7 @@ void DataParallel::after_params(size_t g, Pass pass) {
   (void)pass;
   stream_->progress_point();
   reap();
-  if (stage() < 3) return;
+  if (stage() < 3 || g == 0) return;
   model::ParamGroup& group = groups_[g];
   param_pool_->give(group.capacity(), group.data());
   group.attach_params(nullptr);
@@ -295,6 +347,10 @@ void DataParallel::before_grads(size_t g) {
   stream_->progress_point();
   reap();
   if (stage() < 2) return;
+  if (g == 0) {
+    embedding_->set_first_write(!shard_grad_written_[0]);
+    return;
+  }
   model::ParamGroup& group = groups_[g];
   float* buffer = grad_pool_->take(group.capacity());
   while (!buffer) {
@@ -313,6 +369,10 @@ void DataParallel::grads_done(size_t g) {
   reap();
   if (!reduce_now()) return;
   if (stage() == 0 && ranks() == 1) return;
+  if (stage() >= 2 && g == 0) {  // reduced by the embedding itself, as it went
+    shard_grad_written_[0] = 1;
+    return;
+  }
   reduce_group(g);
 }
 

@@ -20,8 +20,10 @@
 //            borrowed buffer before its forward and again before its
 //            backward, the next group's gather prefetched, and released
 //            after use.                                         16Ψ/n
-// plus the borrowed buffers: at most two gathered groups of each size (one
-// in use, one prefetched or being reduced), see "Memory" in docs/parallel.md.
+// plus the borrowed buffers: two gathered blocks (one in use, one prefetched or
+// being reduced) and ln_f; the embedding — a third of GPT-2 — is never
+// gathered or reduced whole but two chunks at a time (sharded_embedding.h).
+// See "Memory" in docs/parallel.md.
 //
 // Bytes each rank sends per step (one micro-batch): stages 0-2 2Ψ(n-1)/n
 // (an all-reduce is a reduce-scatter plus an all-gather), stage 3 3Ψ(n-1)/n.
@@ -45,6 +47,7 @@
 #include "lattice/optim/adamw.h"
 #include "lattice/parallel/data/comm_stream.h"
 #include "lattice/parallel/zero/shard_layout.h"
+#include "lattice/parallel/zero/sharded_embedding.h"
 
 namespace lattice::parallel {
 
@@ -60,9 +63,10 @@ struct DataParallelOptions {
 
 class DataParallel final : public model::GroupHooks {
  public:
-  // Reshapes the model's groups for the stage (pads them to whole buckets;
-  // frees what a rank does not keep) and builds the optimizer over this
-  // rank's shard. Installs itself as the model's hooks. Collective over `dp`.
+  // Gives the model's groups the buffers this stage keeps whole (a model
+  // built GPT::Unallocated gets nothing it does not keep; an allocated one is
+  // padded to whole buckets and trimmed, its values kept) and builds the
+  // optimizer over this rank's shard. Installs itself as the model's hooks.
   DataParallel(model::GPT& model, comm::Communicator& dp, const DataParallelOptions& options);
   ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
@@ -74,6 +78,11 @@ class DataParallel final : public model::GroupHooks {
   optim::AdamW& optimizer() { return *optimizer_; }
   CommStream& stream() { return *stream_; }
   std::string describe() const;
+
+  // Initial parameters from (seed, name, index in the full tensor), the same
+  // values as GPT(config, seed) whatever the layout; at stage 3 each rank
+  // computes only its slices.
+  void initialize(uint64_t seed);
 
   // ---- one step ----
   // Before the first micro-batch: gradients marked stale, counters reset.
@@ -137,6 +146,8 @@ class DataParallel final : public model::GroupHooks {
   std::unique_ptr<CommStream> stream_;
   std::unique_ptr<optim::AdamW> optimizer_;
   std::unique_ptr<Pool> param_pool_, grad_pool_;
+  std::unique_ptr<ShardedEmbedding> embedding_;  // stages 2-3: the embedding group, piece by piece
+  Buffer embedding_staging_;                      // stage 3 with offload: the embedding's shard, read from disk
   std::vector<Buffer> shard_grads_;  // stages 2-3: this rank's gradient slices per group
   std::vector<uint8_t> shard_grad_written_;
   Buffer staging_;                   // stage 3 with offload: a shard read from disk before its gather

@@ -36,13 +36,20 @@ struct GroupShard {
   int64_t chunk_numel() const { return slice * ranks; }        // n·k
   // Start of this rank's slice c in the group's flat buffer.
   int64_t slice_begin(int64_t c) const { return c * slice * ranks + static_cast<int64_t>(rank) * slice; }
+  // Which rank owns flat element f, and where it sits in that rank's shard.
+  int owner(int64_t f) const { return static_cast<int>((f % chunk_numel()) / slice); }
+  int64_t shard_offset(int64_t f) const { return (f / chunk_numel()) * slice + f % slice; }
   int ranks = 1, rank = 0;
 };
 
 class ShardLayout {
  public:
-  // `bucket_bytes`: the largest chunk (one call), in bytes.
-  ShardLayout(const std::vector<model::ParamGroup>& groups, int ranks, int rank, double bucket_bytes);
+  // `bucket_bytes`: the largest chunk (one call), in bytes. `row_elems[g]`,
+  // when given and > 0, makes every chunk of group g a whole number of rows
+  // of that many elements (the embedding: ZeRO works on it row block by row
+  // block, sharded_embedding.h).
+  ShardLayout(const std::vector<model::ParamGroup>& groups, int ranks, int rank, double bucket_bytes,
+              const std::vector<int64_t>& row_elems = {});
 
   const GroupShard& group(size_t g) const { return groups_[g]; }
   size_t num_groups() const { return groups_.size(); }

@@ -1,0 +1,208 @@
+#include "lattice/parallel/zero/sharded_embedding.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "lattice/core/error.h"
+#include "lattice/kernels/ops.h"
+
+namespace lattice::parallel {
+
+namespace k = lattice::kernels;
+
+namespace {
+constexpr size_t kWte = 0, kWpe = 1;  // parameter order of the embedding group
+}
+
+ShardedEmbedding::ShardedEmbedding(model::ParamGroup& group, const model::ModelConfig& config,
+                                   const GroupShard& shard, CommStream& stream, const float* params,
+                                   float* grad_shard)
+    : group_(group),
+      C_(config.n_embd),
+      Vp_(config.padded_vocab()),
+      shard_(shard),
+      stream_(stream),
+      params_(params),
+      grad_shard_(grad_shard) {
+  const model::ParamInfo& wpe = group.params()[kWpe];
+  LATTICE_CHECK(group.params()[kWte].offset == 0 && wpe.offset % C_ == 0 && shard.chunk_numel() % C_ == 0,
+                "internal: the embedding group is not laid out in rows of n_embd=" << C_);
+  wpe_row_ = wpe.offset / C_;
+  const size_t chunk_bytes = static_cast<size_t>(shard.chunk_numel()) * sizeof(float);
+  if (params_) pieces_ = Buffer(2 * chunk_bytes, MemCategory::Params);
+  grad_pieces_ = Buffer(2 * chunk_bytes, MemCategory::Grads);
+}
+
+size_t ShardedEmbedding::param_buffer_bytes() const { return pieces_.bytes(); }
+size_t ShardedEmbedding::grad_buffer_bytes() const { return grad_pieces_.bytes(); }
+
+void ShardedEmbedding::wte_rows(int64_t c, int64_t* first, int64_t* last) const {
+  const int64_t rows = shard_.chunk_numel() / C_;
+  *first = std::min<int64_t>(c * rows, Vp_);
+  *last = std::min<int64_t>((c + 1) * rows, Vp_);
+}
+
+CommStream::Ticket ShardedEmbedding::gather_chunk(int64_t c) {
+  float* piece = pieces_.as<float>() + (c % 2) * shard_.chunk_numel();
+  return stream_.all_gather(params_ + c * shard_.slice, piece, shard_.slice,
+                            "gather embedding " + std::to_string(c) + "/" + std::to_string(shard_.chunks));
+}
+
+// Chunks that hold wte rows come first; only they take part in the head.
+static int64_t head_chunks(const GroupShard& s, int64_t C, int64_t Vp) {
+  const int64_t rows = s.chunk_numel() / C;
+  return std::min(s.chunks, (Vp + rows - 1) / rows);
+}
+
+void ShardedEmbedding::head_forward(float* logits, const float* lnf, int64_t rows, int64_t ld) {
+  if (!params_) {  // stage 2: the table is whole here
+    k::gemm(false, true, rows, Vp_, C_, 1.0f, lnf, ld, group_.param(kWte), C_, 0.0f, logits, Vp_);
+    return;
+  }
+  const int64_t chunks = head_chunks(shard_, C_, Vp_);
+  CommStream::Ticket next = gather_chunk(0);
+  for (int64_t c = 0; c < chunks; c++) {
+    stream_.wait(next);
+    // The buffer of chunk c+1 held chunk c-1, whose product is done.
+    if (c + 1 < chunks) next = gather_chunk(c + 1);
+    int64_t first, last;
+    wte_rows(c, &first, &last);
+    const float* piece = pieces_.as<float>() + (c % 2) * shard_.chunk_numel();
+    // logits[:, first:last] = lnf · wte[first:last]ᵀ
+    k::gemm(false, true, rows, last - first, C_, 1.0f, lnf, ld, piece, C_, 0.0f, logits + first, Vp_);
+  }
+}
+
+void ShardedEmbedding::head_backward_input(float* dlnf, const float* dlogits, int64_t N) {
+  if (!params_) {
+    k::linear_backward_input(dlnf, dlogits, group_.param(kWte), N, C_, Vp_, false);
+    return;
+  }
+  const int64_t chunks = head_chunks(shard_, C_, Vp_);
+  CommStream::Ticket next = gather_chunk(0);
+  for (int64_t c = 0; c < chunks; c++) {
+    stream_.wait(next);
+    if (c + 1 < chunks) next = gather_chunk(c + 1);
+    int64_t first, last;
+    wte_rows(c, &first, &last);
+    const float* piece = pieces_.as<float>() + (c % 2) * shard_.chunk_numel();
+    // dlnf (+)= dlogits[:, first:last] · wte[first:last]
+    k::gemm(false, false, N, C_, last - first, 1.0f, dlogits + first, Vp_, piece, C_, c == 0 ? 0.0f : 1.0f, dlnf,
+            C_);
+  }
+}
+
+void ShardedEmbedding::head_backward_weight(const float* dlogits, const float* lnf, int64_t N) {
+  // Every chunk of the group is reduce-scattered once per micro-batch (the
+  // ones past the vocabulary carry zeros from the head; the lookup adds its
+  // share to the shard afterwards), so the first micro-batch of a step
+  // overwrites the whole shard.
+  const int64_t chunk = shard_.chunk_numel(), k = shard_.slice;
+  for (int64_t c = 0; c < shard_.chunks; c++) {
+    const int b = static_cast<int>(c % 2);
+    stream_.wait(grad_ticket_[b]);  // its previous reduction is done
+    float* piece = grad_pieces_.as<float>() + b * chunk;
+    int64_t first, last;
+    wte_rows(c, &first, &last);
+    const int64_t head_rows = last - first;
+    // d wte[first:last] = dlogits[:, first:last]ᵀ · lnf
+    if (head_rows > 0)
+      k::gemm(true, false, head_rows, C_, N, 1.0f, dlogits + first, Vp_, lnf, C_, 0.0f, piece, C_);
+    std::memset(piece + head_rows * C_, 0, static_cast<size_t>(chunk - head_rows * C_) * sizeof(float));
+    float* dst = grad_shard_ + c * k;
+    const bool first_write = first_write_;
+    // In place: this rank's summed slice lands at the piece's start.
+    grad_ticket_[b] = stream_.reduce_scatter(
+        piece, piece, static_cast<size_t>(k),
+        "grad embedding " + std::to_string(c) + "/" + std::to_string(shard_.chunks), [piece, dst, k, first_write] {
+          if (first_write)
+            std::memcpy(dst, piece, static_cast<size_t>(k) * sizeof(float));
+          else
+            for (int64_t i = 0; i < k; i++) dst[i] += piece[i];
+        });
+    last_ticket_ = grad_ticket_[b];
+  }
+}
+
+void ShardedEmbedding::add_owned_row(float* out, int64_t row, const float* src) const {
+  const int64_t begin = row * C_, end = begin + C_, k = shard_.slice;
+  for (int64_t f = begin; f < end;) {
+    const int64_t seg_end = std::min(end, f + (k - f % k));  // slices are k-aligned within chunks
+    if (shard_.owner(f) == shard_.rank) {
+      const float* s = src + shard_.shard_offset(f);
+      for (int64_t i = 0; i < seg_end - f; i++) out[f - begin + i] += s[i];
+    }
+    f = seg_end;
+  }
+}
+
+void ShardedEmbedding::add_to_owned(float* dst, int64_t row, const float* values) const {
+  const int64_t begin = row * C_, end = begin + C_, k = shard_.slice;
+  for (int64_t f = begin; f < end;) {
+    const int64_t seg_end = std::min(end, f + (k - f % k));
+    if (shard_.owner(f) == shard_.rank) {
+      float* d = dst + shard_.shard_offset(f);
+      for (int64_t i = 0; i < seg_end - f; i++) d[i] += values[f - begin + i];
+    }
+    f = seg_end;
+  }
+}
+
+void ShardedEmbedding::exchange_tokens(const int32_t* tokens, int64_t count) {
+  const int n = shard_.ranks;
+  std::vector<float> mine(tokens, tokens + count);  // token ids < 2^24 are exact floats
+  tokens_all_.ensure(static_cast<size_t>(n * count) * sizeof(float), MemCategory::Comm);
+  stream_.wait(stream_.all_gather(mine.data(), tokens_all_.as<float>(), static_cast<size_t>(count), "tokens"));
+}
+
+void ShardedEmbedding::lookup(float* x, const int32_t* tokens, int B, int T, int first_position) {
+  if (!params_) {
+    k::embedding_forward(x, tokens, group_.param(kWte),
+                         group_.param(kWpe) + static_cast<int64_t>(first_position) * C_, B, T, C_);
+    return;
+  }
+  const int n = shard_.ranks;
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  exchange_tokens(tokens, BT);
+  // Row (q, i): the parts of wte[token] and wpe[position] this rank owns.
+  // Each element has its two terms from one or two ranks and zeros from the
+  // rest, so the reduce-scatter's sum is exactly wte + wpe, as a lookup.
+  rows_.ensure(static_cast<size_t>(n * BT * C_) * sizeof(float), MemCategory::Comm);
+  float* rows = rows_.as<float>();
+  std::memset(rows, 0, static_cast<size_t>(n * BT * C_) * sizeof(float));
+  const float* all = tokens_all_.as<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < n * BT; j++) {
+    float* out = rows + j * C_;
+    add_owned_row(out, static_cast<int64_t>(all[j]), params_);
+    add_owned_row(out, wpe_row_ + first_position + (j % BT) % T, params_);
+  }
+  stream_.wait(stream_.reduce_scatter(rows, x, static_cast<size_t>(BT * C_), "lookup"));
+}
+
+void ShardedEmbedding::lookup_backward(const float* dx, const int32_t* tokens, int B, int T) {
+  // After the head's reductions have written (or added to) the shard.
+  stream_.wait(last_ticket_);
+  const int n = shard_.ranks;
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  exchange_tokens(tokens, BT);
+  rows_.ensure(static_cast<size_t>(n * BT * C_) * sizeof(float), MemCategory::Comm);
+  float* rows = rows_.as<float>();
+  stream_.wait(stream_.all_gather(dx, rows, static_cast<size_t>(BT * C_), "lookup grad"));
+  // d wte[token] += dx row ; d wpe[t] += dx row, over every rank's rows in
+  // order (rows sharing a token add up; one thread, no races).
+  const float* all = tokens_all_.as<float>();
+  for (int64_t j = 0; j < n * BT; j++) {
+    const float* values = rows + j * C_;
+    add_to_owned(grad_shard_, static_cast<int64_t>(all[j]), values);
+    add_to_owned(grad_shard_, wpe_row_ + (j % BT) % T, values);
+  }
+}
+
+void ShardedEmbedding::finish() {
+  stream_.wait(last_ticket_);
+  stream_.wait(grad_ticket_[0]);
+  stream_.wait(grad_ticket_[1]);
+}
+
+}  // namespace lattice::parallel
