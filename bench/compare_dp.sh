@@ -34,9 +34,11 @@
 # --out appends every run's JSON line (with "row" and "run") to a file.
 #
 # lattice side: $LATTICE_BIN (default build/lattice) bench train --json, under
-# "mpiexec -n R --bind-to MODE" for R > 1 (--bind-to, default none: lattice's
-# communication thread then runs on whichever core is free; rows with more ranks than
-# cores always run --bind-to none --oversubscribe). Its JSON gives tokens/s of the
+# "mpiexec -n R --bind-to MODE" for R > 1 (--bind-to, default core, Open MPI's own
+# default at 2 ranks: on a quiet 2-core VM, L=4 C=256 T=128 dp=2 ran 10.7-11.3K tok/s
+# bound to cores against 10.1-10.8K with none; with other load on the machine none did
+# better, as a rank may then move off a busy core; rows with more ranks than cores
+# always run --bind-to none --oversubscribe). Its JSON gives tokens/s of the
 # whole job, comm_hidden (share of the collectives' run time that overlapped
 # compute), comm_bytes_per_step, and rank 0's tracked memory peaks by category
 # (model state = params + grads + optimizer). Every rank of both sides also runs
@@ -76,7 +78,7 @@ RUN_PYTORCH=1
 OUT=""
 CORETYPE=""
 RECALIBRATE=0
-BIND_TO=none
+BIND_TO=core
 BUCKETS="1 4 25 100"
 WINDOW_MB=""
 OFFLOAD_BASE=${TMPDIR:-/tmp}
@@ -181,7 +183,8 @@ run_capture() {
   local rc=0
   timeout --kill-after=10 "$TIMEOUT" "$@" > "$work/stdout" 2> "$work/stderr" || rc=$?
   OUT_JSON=$(json_line < "$work/stdout")
-  OUT_RSS=$(grep -o '^COMPARE_DP_RSS [0-9]*' "$work/stderr" | awk '{print $2}' | paste -sd, - || true)
+  # Not anchored: mpiexec forwards the ranks' stderr, and two ranks' last lines can arrive as one.
+  OUT_RSS=$(grep -o 'COMPARE_DP_RSS [0-9]*' "$work/stderr" | awk '{print $2}' | paste -sd, - || true)
   grep -v -e '^COMPARE_DP_RSS ' -e '^torch_blas: .*cached in' -e '^[[:space:]]*$' "$work/stderr" |
     sed 's/^/   | /' >&2 || true
   if [[ $rc == 124 || $rc == 137 ]]; then
@@ -360,6 +363,7 @@ for line in open(path):
     if rss and not d.get("failed"):
         r = [int(x) for x in rss.split(",")]
         d.setdefault("peak_rss_bytes_max", max(r))  # torch_ddp_bench.py reports its own
+        d["rss_processes"] = len(r)
     runs.setdefault(row, []).append(d)
     if row not in order:
         order.append(row)
@@ -453,6 +457,8 @@ for row in order:
           f"{mib(d.get('peak_mem_bytes')):>12} {mib(d.get('peak_rss_bytes_max'))}")
     if repeat > 1 and rng and not oversub:
         print(f"{'':<24} {'':>4} tok/s {rng[0]:.1f}-{rng[1]:.1f} over {len([x for x in runs[row] if tps(x)])} runs")
+    if d.get("rss_processes") is not None and d["rss_processes"] != ranks:
+        notes.append(f"{row}: RSS reported by {d['rss_processes']} of {ranks} processes (the max is over those)")
     if d.get("ddp_bucket_bytes"):
         notes.append(f"{row}: DDP's gradient buckets hold {mib(d['ddp_bucket_bytes']).strip()} MiB per rank beside "
                      "the .grad tensors (not in state; --grad-as-bucket-view would share them)")

@@ -57,8 +57,10 @@ Prints one JSON line:
                    .grad are views into them), from the sizes of the parameters DDP reduces
   threads_observed rank 0's process CPU time / wall time over the timed steps (_min over ranks);
                    a warning when below 0.75 x --threads
-  ddp_*            what DDP's logger measured itself (bucket sizes, and the mean backward compute,
-                   communication and overlap times in ms where this torch records them on CPU)
+  ddp_*            what DDP's logger measured itself: the bucket sizes of the timed steps (after DDP's
+                   rebuild in gradient-ready order) and the mean forward, backward compute, backward
+                   communication and overlap times in ms (torch 1.13 records them on CPU too,
+                   averaged over the iterations its logger samples, warm-up ones included)
 """
 
 import argparse
@@ -272,8 +274,12 @@ def ddp_logged(ddp):
     except Exception:  # a private API; its absence costs only these extra figures
         return {}
     out = {}
-    if d.get("bucket_sizes"):
-        out["ddp_bucket_sizes_bytes"] = [int(x) for x in str(d["bucket_sizes"]).split(",") if x.strip()]
+    # DDP assigns buckets at construction in parameter order ("bucket_sizes"), then rebuilds them after
+    # the first backward in the order the gradients became ready ("rebuilt_bucket_sizes"): the buckets
+    # the timed steps used.
+    for key, name in (("rebuilt_bucket_sizes", "ddp_bucket_sizes_bytes"), ("bucket_sizes", "ddp_initial_bucket_sizes_bytes")):
+        if d.get(key):
+            out[name] = [int(x) for x in str(d[key]).split(",") if x.strip()]
     for key in ("avg_backward_compute_time", "avg_backward_comm_time", "avg_backward_compute_comm_overlap_time",
                 "avg_forward_compute_time"):
         if d.get(key):  # nanoseconds

@@ -5,7 +5,9 @@
 #   scripts/demo.sh [--ranks N] [--steps S] [--set section.key=value ...]
 #
 # --ranks N runs the training under `mpiexec -n N` as N data-parallel ranks
-# (parallel.dp=N); --steps and --set override the demo config.
+# (parallel.dp=N) training the same model: the global batch stays 16
+# sequences (16/N per rank; N must divide 16) and the cores are shared out.
+# --steps and --set override the demo config.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ranks=1
@@ -15,7 +17,7 @@ while [[ $# -gt 0 ]]; do
     --ranks) ranks="$2"; shift ;;
     --steps) extra+=(--set "train.steps=$2"); shift ;;
     --set) extra+=(--set "$2"); shift ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "demo.sh: unknown option '$1' (valid: --ranks N, --steps S, --set key=value)" >&2; exit 2 ;;
   esac
   shift
@@ -38,8 +40,12 @@ echo "== training (configs/demo.toml); Ctrl-C stops and saves a checkpoint"
 train_cmd=("$lattice" train -c configs/demo.toml --set "checkpoint.dir=$run_dir"
            --set "log.metrics_file=$run_dir/metrics.jsonl" "${extra[@]}")
 if [[ "$ranks" -gt 1 ]]; then
+  (( 16 % ranks == 0 )) || { echo "demo.sh: --ranks $ranks does not divide the demo's global batch of 16" >&2; exit 2; }
+  threads=$(( $(nproc) / ranks )); (( threads >= 1 )) || threads=1
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  mpiexec -n "$ranks" --oversubscribe "${train_cmd[@]}" --set "parallel.dp=$ranks"
+  mpiexec -n "$ranks" --oversubscribe --bind-to none "${train_cmd[@]}" --set "parallel.dp=$ranks" \
+    --set train.global_batch_size=16 --set "train.micro_batch_size=$((16 / ranks))" \
+    --set "train.threads=$threads" || [[ $? -eq 130 ]]
 else
   "${train_cmd[@]}" || [[ $? -eq 130 ]]
 fi

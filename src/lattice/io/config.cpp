@@ -125,7 +125,7 @@ const std::vector<Key>& keys() {
             "parallel", "virtual_stages", at_least(1), "model chunks per pipeline rank (interleaved schedule)"),
         key<&R::parallel, &ParallelSection::microbatches>(
             "parallel", "microbatches", at_least(1),
-            "not a separate knob: the micro-batches of a step are train.grad_accum_steps (must stay 1)"),
+            "not a separate knob: the micro-batches of a step are train.grad_accum_steps"),
         key<&R::parallel, &ParallelSection::bucket_mb>(
             "parallel", "bucket_mb", above(0),
             "largest data-parallel gradient bucket in MiB (one reduction call; a group larger than this is cut)"),
@@ -739,7 +739,12 @@ std::string config_help() {
       std::string lhs = std::string(k.name) + " = " + value_literal(k, defaults);
       char buf[64];
       std::snprintf(buf, sizeof buf, "  %-32s ", lhs.c_str());
-      os << buf << k.help << " [" << describe(k) << "]\n";
+      const char* pending = "";
+      for (const auto& [name, what] : pending_keys())
+        if (k.full_name() == name)
+          pending = what[0] == '=' ? " (only the default is accepted)"
+                                   : " (not implemented yet: only the default is accepted)";
+      os << buf << k.help << pending << " [" << describe(k) << "]\n";
     }
   }
   return os.str();
