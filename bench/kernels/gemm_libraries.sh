@@ -32,7 +32,8 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 [[ -x "$BIN" ]] || { echo "gemm_libraries.sh: $BIN not found (build the bench target)" >&2; exit 2; }
-"$BIN" --benchmark_list_tests | grep -q '/openblas/' ||
+# (the list is read whole: grep -q would close the pipe early, and pipefail fail it)
+[[ $("$BIN" --benchmark_list_tests | grep -c '/openblas/') -gt 0 ]] ||
   { echo "gemm_libraries.sh: $BIN was built without OpenBLAS (install libopenblas-dev, re-run cmake)" >&2; exit 2; }
 
 flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2-) "
@@ -42,7 +43,7 @@ cores=()
 [[ $flags == *" avx2 "* ]] && cores+=(Haswell Zen)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-filter='gemm/(qkv|attn_proj|fc|fc_proj|lm_head)/(fwd|bwd_input|bwd_weight)/BACKEND/threads:[12]$'
+filter='gemm/(qkv|attn_proj|fc|fc_proj|lm_head)/(fwd|bwd_input|bwd_weight)/BACKEND/threads:[12](/|$)'
 run() {  # tag env-assignments... -- backend
   local tag=$1; shift
   local envs=()

@@ -190,6 +190,9 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, const std::string& name, int ran
   int found = 0;
   MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &found);
   if (found && tag_ub) tag_upper_bound_ = *tag_ub;
+  // The largest tag is the communicator's own (ring_reduce_scatter's messages).
+  internal_tag_ = tag_upper_bound_;
+  tag_upper_bound_ = internal_tag_ - 1;
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -260,11 +263,59 @@ void MpiCommunicator::do_all_reduce(void* data, size_t count, DType dtype, Reduc
   check(MPI_Allreduce(MPI_IN_PLACE, data, n, wire_type(dtype), mpi_op(dtype, op), comm_), info);
 }
 
+// Open MPI 4.1's reduce_scatter_block runs a few times slower than its
+// all-reduce of the same size once the blocks pass a few hundred KiB (every
+// one of its algorithms: measured in docs/comm.md, "reduce_scatter"), so for
+// f32/f64 sums of blocks from 256 KiB on lattice runs the bandwidth-optimal
+// ring itself: n-1 steps, each a sendrecv of one block with the neighbours
+// and an add. The bytes sent are the ring's, as the counters say.
+static constexpr size_t kRingBlockBytes = 256 * 1024;
+
+void MpiCommunicator::ring_reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                                          const WaitInfo& info) {
+  const int n = size(), r = rank();
+  const size_t elem = dtype_size(dtype), bytes = recv_count * elem;
+  const int count = to_int(recv_count, info);
+  if (ring_scratch_.bytes() < 2 * bytes) ring_scratch_ = Buffer(2 * bytes, MemCategory::Comm);
+  char* acc = ring_scratch_.as<char>();
+  char* tmp = acc + bytes;
+  const char* base = static_cast<const char*>(send);
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  // Step s sends the running sum of block (r-s-1) right and receives the left
+  // neighbour's running sum of block (r-s-2), to which it adds its own data;
+  // after n-1 steps the sum held is block r's, over every rank.
+  const void* out = base + static_cast<size_t>((r + n - 1) % n) * bytes;
+  WaitScope scope(info);
+  for (int s = 0; s < n - 1; s++) {
+    const int idx = (r - s - 2 + 2 * n) % n;
+    check(MPI_Sendrecv(out, count, wire_type(dtype), right, internal_tag_, tmp, count, wire_type(dtype), left,
+                       internal_tag_, comm_, MPI_STATUS_IGNORE),
+          info);
+    const char* own = base + static_cast<size_t>(idx) * bytes;
+    if (dtype == DType::F32) {
+      const float* a = reinterpret_cast<const float*>(own);
+      const float* b = reinterpret_cast<const float*>(tmp);
+      float* c = reinterpret_cast<float*>(acc);
+      for (size_t i = 0; i < recv_count; i++) c[i] = a[i] + b[i];
+    } else {
+      const double* a = reinterpret_cast<const double*>(own);
+      const double* b = reinterpret_cast<const double*>(tmp);
+      double* c = reinterpret_cast<double*>(acc);
+      for (size_t i = 0; i < recv_count; i++) c[i] = a[i] + b[i];
+    }
+    out = acc;  // the sendrecv has returned: acc may be overwritten next step
+  }
+  std::memcpy(recv, acc, bytes);  // in place: over block 0, now that every block has been read
+}
+
 void MpiCommunicator::do_reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
                                         ReduceOp op) {
   WaitInfo info = collective(CommOp::ReduceScatter, recv_count * size(), dtype, &op);
   int n = to_int(recv_count, info);
   to_int(recv_count * size(), info);
+  if (size() > 1 && op == ReduceOp::Sum && (dtype == DType::F32 || dtype == DType::F64) &&
+      recv_count * dtype_size(dtype) >= kRingBlockBytes)
+    return ring_reduce_scatter(send, recv, recv_count, dtype, info);
   WaitScope scope(info);
   check(MPI_Reduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, n, wire_type(dtype), mpi_op(dtype, op),
                                  comm_),

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "lattice/comm/communicator.h"
+#include "lattice/core/memory.h"
 #include "lattice/comm/watchdog.h"
 
 namespace lattice::comm {
@@ -63,10 +64,14 @@ class MpiCommunicator final : public Communicator {
   int to_int(size_t n, const WaitInfo& info) const;
   const void* in_place_block(const void* send, const void* recv, size_t block, DType dtype) const;
   void check(int rc, const WaitInfo& info) const;
+  // reduce_scatter as a ring of sendrecv + add (see do_reduce_scatter).
+  void ring_reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, const WaitInfo& info);
 
   MPI_Comm comm_;
   WatchedGroup group_;
-  int tag_upper_bound_ = 32767;
+  int tag_upper_bound_ = 32767;  // the largest tag callers may use
+  int internal_tag_ = 32767;     // above it: the ring's own messages
+  Buffer ring_scratch_;          // two blocks (MemCategory::Comm)
 };
 
 // The MPI type and reduction that carry `t` (MPI_FLOAT / MPI_SUM for f32; for

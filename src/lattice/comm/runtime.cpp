@@ -77,6 +77,11 @@ static void report_failure(const char* message) {
 }
 
 int run_guarded(int argc, char** argv, const std::function<int()>& body) {
+  // A rank's threads share cores with its own communication thread (data
+  // parallelism runs its collectives there, parallel/data/comm_stream.h), so
+  // a thread waiting inside MPI yields the core instead of spinning on it.
+  // Open MPI reads this at MPI_Init; a value the user set wins.
+  ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   std::set_terminate(on_terminate);

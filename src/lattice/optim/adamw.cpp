@@ -52,7 +52,7 @@ float* AdamW::group_state(int array, size_t g) {
   return store_->resident(array) + group_offsets_[g];
 }
 
-void AdamW::step(float lr, float grad_scale) {
+void AdamW::step(float lr, float grad_scale, const std::function<void(int64_t end)>& updated) {
   step_++;
   const bool store_has_params = store_->arrays() == 3;
   size_t first = 0;  // segments are sorted: each window starts where the last stopped
@@ -68,6 +68,7 @@ void AdamW::step(float lr, float grad_scale) {
       kernels::adamw_update(p, s.grad + in_seg, window[StateStore::kM] + in_win, window[StateStore::kV] + in_win,
                             hi - lo, lr, config_.beta1, config_.beta2, config_.eps,
                             s.decay ? config_.weight_decay : 0.0f, step_, grad_scale);
+      if (updated) updated(hi);
     }
   });
 }

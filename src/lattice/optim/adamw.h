@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -46,8 +47,10 @@ class AdamW {
 
   // One update with learning rate `lr`; every gradient is multiplied by
   // grad_scale first (clipping, data-parallel averaging and loss-scale
-  // removal fold in here).
-  void step(float lr, float grad_scale);
+  // removal fold in here). `updated(end)`, if given, is called as the update
+  // goes: every state element below `end` is done (ZeRO starts gathering
+  // updated parameters while the rest are being updated).
+  void step(float lr, float grad_scale, const std::function<void(int64_t end)>& updated = {});
 
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t t) { step_ = t; }

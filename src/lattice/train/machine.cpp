@@ -40,9 +40,16 @@ void write_cache_entry(const MachinePeak& p) {
     std::error_code ec;
     std::filesystem::create_directories(io::parent_dir(path), ec);
     io::JsonValue cache = read_cache();
+    // The best figure seen: another tenant only ever slows a measurement
+    // down, so a lower one (taken under load) never replaces a higher one.
+    double fp32 = p.fp32_gflops_per_core, bf16 = p.bf16_gflops_per_core;
+    if (const io::JsonValue* old = cache.find(cache_key(p.threads)); old && old->is_object()) {
+      if (const io::JsonValue* v = old->find("fp32_gflops_per_core"); v && v->is_number()) fp32 = std::max(fp32, v->as_double());
+      if (const io::JsonValue* v = old->find("bf16_gflops_per_core"); v && v->is_number()) bf16 = std::max(bf16, v->as_double());
+    }
     io::JsonValue entry = io::JsonValue::object();
-    entry.set("fp32_gflops_per_core", io::JsonValue::number(p.fp32_gflops_per_core));
-    entry.set("bf16_gflops_per_core", io::JsonValue::number(p.bf16_gflops_per_core));
+    entry.set("fp32_gflops_per_core", io::JsonValue::number(fp32));
+    entry.set("bf16_gflops_per_core", io::JsonValue::number(bf16));
     cache.set(cache_key(p.threads), entry);
     io::write_file_atomic(path, io::to_json(cache, 2) + "\n");
   } catch (const Error&) {

@@ -7,7 +7,8 @@
 // so the result is kept in a small cache file keyed by (CPU model, ISA level,
 // threads): $LATTICE_CACHE_DIR, else $XDG_CACHE_HOME/lattice, else
 // ~/.cache/lattice, file peak.json. `lattice bench peak` re-measures (longer,
-// best of several) and rewrites the entry. The environment variable
+// best of several); an entry keeps the best figure ever measured, since other
+// tenants of a machine only ever slow a measurement down. The environment variable
 // LATTICE_PEAK_GFLOPS_PER_CORE overrides the fp32 figure.
 #pragma once
 

@@ -13,10 +13,13 @@ namespace lattice::parallel {
 
 using optim::StateStore;
 
-// Borrowed buffers of whole-group size: two per distinct group size (the one
-// in use and the one prefetched or being reduced), or one when only one group
-// has that size (the embedding, ln_f). All of them are allocated up front and
-// kept, so a rank's memory is the stated bound whatever the timing.
+// Borrowed buffers of whole-group size, per distinct group size (in GPT: the
+// blocks, and ln_f): `per_size` of them (parameters: 2, the one in use and
+// the one being prefetched; gradients: 1 — a block's reduction finishes long
+// before the next block's weight gradients are written, and when it has not,
+// before_grads waits for it), one where a single group has that size. All are
+// allocated up front and kept, so a rank's memory is the stated bound
+// whatever the timing.
 struct DataParallel::Pool {
   struct Class {
     int64_t capacity = 0;
@@ -28,14 +31,14 @@ struct DataParallel::Pool {
   std::vector<Class> classes;
 
   // Buffers for groups [first, end) of `groups`.
-  Pool(MemCategory c, const std::vector<model::ParamGroup>& groups, size_t first) : category(c) {
+  Pool(MemCategory c, const std::vector<model::ParamGroup>& groups, size_t first, int per_size) : category(c) {
     for (size_t i = first; i < groups.size(); i++) {
       const model::ParamGroup& g = groups[i];
       auto it = std::find_if(classes.begin(), classes.end(), [&](const Class& k) { return k.capacity == g.capacity(); });
       if (it == classes.end()) {
         classes.push_back(Class{g.capacity(), 1, {}, {}});
       } else {
-        it->limit = 2;
+        it->limit = per_size;
       }
     }
     for (Class& k : classes)
@@ -70,6 +73,12 @@ struct DataParallel::Pool {
 
 namespace {
 
+// The embedding's chunks are its working buffers at stages 2-3 (two of
+// parameters, two of gradient): small, so the working set stays a few
+// percent of the model (at GPT-2's vocabulary the table is a third of it),
+// and large enough for its GEMMs (2 MiB = 682 rows of 768) and messages.
+constexpr double kEmbeddingChunkBytes = 2.0 * (1 << 20);
+
 std::string chunk_label(const char* what, const std::string& group, int64_t c, int64_t chunks) {
   return std::string(what) + " " + group + " " + std::to_string(c) + "/" + std::to_string(chunks);
 }
@@ -80,8 +89,10 @@ DataParallel::DataParallel(model::GPT& model, comm::Communicator& dp, const Data
     : model_(model),
       groups_(model.groups()),
       options_(options),
-      // The embedding group in whole rows (sharded_embedding.h works row block by row block).
-      layout_(model.groups(), dp.size(), dp.rank(), options.bucket_bytes, {model.config().n_embd}),
+      // The embedding group in whole rows (sharded_embedding.h works row block by row block),
+      // in chunks of at most kEmbeddingChunkBytes.
+      layout_(model.groups(), dp.size(), dp.rank(), options.bucket_bytes, {model.config().n_embd},
+              {std::min(options.bucket_bytes, kEmbeddingChunkBytes)}),
       opt_layout_(options.zero_stage == 0 ? ShardLayout(model.groups(), 1, 0, options.bucket_bytes) : layout_) {
   LATTICE_CHECK(options.zero_stage >= 0 && options.zero_stage <= 3,
                 "parallel.zero_stage=" << options.zero_stage << " is not a ZeRO stage (0, 1, 2 or 3)");
@@ -148,21 +159,25 @@ DataParallel::DataParallel(model::GPT& model, comm::Communicator& dp, const Data
     if (options.offload_to_disk && largest)
       staging_ = Buffer(static_cast<size_t>(largest->shard_numel()) * sizeof(float), MemCategory::Params);
     for (model::ParamGroup& group : groups_) group.release_own_params();
-    param_pool_ = std::make_unique<Pool>(MemCategory::Params, groups_, 1);  // not the embedding
+    param_pool_ = std::make_unique<Pool>(MemCategory::Params, groups_, 1, 2);  // not the embedding
     if (options.offload_to_disk)
       embedding_staging_ = Buffer(static_cast<size_t>(layout_.group(0).shard_numel()) * sizeof(float),
                                   MemCategory::Params);
   }
-  if (stage >= 2) grad_pool_ = std::make_unique<Pool>(MemCategory::Grads, groups_, 1);
+  if (stage >= 2) grad_pool_ = std::make_unique<Pool>(MemCategory::Grads, groups_, 1, 1);
   optimizer_ = std::make_unique<optim::AdamW>(std::move(segments), std::move(store), options.adam);
-  if (stage >= 2) {
+  if (stage >= 2 || dp.size() > 1) {
     const float* emb_params = nullptr;
     if (stage == 3) {
       float* resident = optimizer_->store().resident(StateStore::kP);
       emb_params = resident ? resident + shard_base_[0] : embedding_staging_.as<float>();
     }
+    const ShardedEmbedding::Gradients mode = stage >= 2 ? ShardedEmbedding::Gradients::Sharded
+                                             : stage == 1 ? ShardedEmbedding::Gradients::Scatter
+                                                          : ShardedEmbedding::Gradients::AllReduce;
     embedding_ = std::make_unique<ShardedEmbedding>(groups_[0], model_.config(), layout_.group(0), *stream_,
-                                                    emb_params, shard_grads_[0].as<float>());
+                                                    emb_params, mode,
+                                                    stage >= 2 ? shard_grads_[0].as<float>() : nullptr);
     model_.set_tied_embedding(embedding_.get());
   }
   gather_ticket_.assign(G, 0);
@@ -215,7 +230,10 @@ void DataParallel::begin_step() {
   last_micro_ = true;
 }
 
-void DataParallel::begin_micro_batch(bool last) { last_micro_ = last; }
+void DataParallel::begin_micro_batch(bool last) {
+  if (embedding_) embedding_->begin_micro_batch(stage() < 2 ? false : !shard_grad_written_[0], last);
+  last_micro_ = last;
+}
 
 void DataParallel::reap() {
   auto it = pending_grad_releases_.begin();
@@ -252,18 +270,28 @@ double DataParallel::grad_sum_squares() {
 }
 
 void DataParallel::optimizer_step(float lr, float grad_scale) {
-  optimizer_->step(lr, grad_scale);
-  if ((stage() == 1 || stage() == 2) && ranks() > 1) {
-    // Every rank updated its slices; all-gather makes every group whole again
-    // (in place: each rank's slice already sits where it is received).
-    for (size_t g = 0; g < groups_.size(); g++) {
-      const GroupShard& s = layout_.group(g);
-      float* data = groups_[g].data();
+  const bool gather = (stage() == 1 || stage() == 2) && ranks() > 1;
+  // Each rank updates its slices; all-gathers make every group whole again
+  // (in place: a rank's slice already sits where it is received), each
+  // posted as soon as that group's slices are updated, so the gathers of the
+  // first groups overlap the update of the later ones.
+  size_t next = 0;
+  auto post_gathers_up_to = [&](int64_t end) {
+    while (next < groups_.size() && shard_base_[next] + opt_layout_.group(next).shard_numel() <= end) {
+      const GroupShard& s = layout_.group(next);
+      float* data = groups_[next].data();
       for (int64_t c = 0; c < s.chunks; c++)
         stream_->all_gather(data + s.slice_begin(c), data + c * s.chunk_numel(), s.slice,
-                            chunk_label("params", groups_[g].name(), c, s.chunks));
+                            chunk_label("params", groups_[next].name(), c, s.chunks));
+      next++;
     }
+  };
+  if (gather) {
+    optimizer_->step(lr, grad_scale, post_gathers_up_to);
+    post_gathers_up_to(optimizer_->store().numel());  // groups whose tail holds no parameter
     stream_->wait_all();
+  } else {
+    optimizer_->step(lr, grad_scale);
   }
   const CommStream::Times t = stream_->times();
   last_comm_.ran_s = t.ran_s;
@@ -347,10 +375,7 @@ void DataParallel::before_grads(size_t g) {
   stream_->progress_point();
   reap();
   if (stage() < 2) return;
-  if (g == 0) {
-    embedding_->set_first_write(!shard_grad_written_[0]);
-    return;
-  }
+  if (g == 0) return;  // the embedding has no borrowed buffer
   model::ParamGroup& group = groups_[g];
   float* buffer = grad_pool_->take(group.capacity());
   while (!buffer) {
@@ -369,8 +394,8 @@ void DataParallel::grads_done(size_t g) {
   reap();
   if (!reduce_now()) return;
   if (stage() == 0 && ranks() == 1) return;
-  if (stage() >= 2 && g == 0) {  // reduced by the embedding itself, as it went
-    shard_grad_written_[0] = 1;
+  if (g == 0 && embedding_) {  // reduced by the embedding itself, as it went
+    if (stage() >= 2) shard_grad_written_[0] = 1;
     return;
   }
   reduce_group(g);

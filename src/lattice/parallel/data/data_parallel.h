@@ -20,10 +20,10 @@
 //            borrowed buffer before its forward and again before its
 //            backward, the next group's gather prefetched, and released
 //            after use.                                         16Ψ/n
-// plus the borrowed buffers: two gathered blocks (one in use, one prefetched or
-// being reduced) and ln_f; the embedding — a third of GPT-2 — is never
-// gathered or reduced whole but two chunks at a time (sharded_embedding.h).
-// See "Memory" in docs/parallel.md.
+// plus the borrowed buffers: two gathered blocks (one in use, one prefetched),
+// one block of gradients, and ln_f; the embedding — a third of GPT-2 — is
+// never gathered or reduced whole but two 2 MiB chunks at a time
+// (sharded_embedding.h). See "ZeRO" in docs/parallel.md.
 //
 // Bytes each rank sends per step (one micro-batch): stages 0-2 2Ψ(n-1)/n
 // (an all-reduce is a reduce-scatter plus an all-gather), stage 3 3Ψ(n-1)/n.

@@ -9,14 +9,15 @@ namespace lattice::parallel {
 static int64_t gcd(int64_t a, int64_t b) { return b == 0 ? a : gcd(b, a % b); }
 
 ShardLayout::ShardLayout(const std::vector<model::ParamGroup>& groups, int ranks, int rank, double bucket_bytes,
-                         const std::vector<int64_t>& row_elems)
+                         const std::vector<int64_t>& row_elems, const std::vector<double>& chunk_bytes)
     : ranks_(ranks), rank_(rank) {
   LATTICE_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "shard layout: rank " << rank << " of " << ranks);
   LATTICE_CHECK(bucket_bytes > 0, "shard layout: bucket size must be positive, got " << bucket_bytes);
-  // The largest slice a bucket allows: n·k·4 bytes <= bucket, k a multiple
-  // of 16 floats (64 bytes), at least 16.
-  const int64_t max_slice = std::max<int64_t>(16, static_cast<int64_t>(bucket_bytes / (4.0 * ranks)) / 16 * 16);
   for (size_t gi = 0; gi < groups.size(); gi++) {
+    // The largest slice a bucket allows: n·k·4 bytes <= bucket, k a multiple
+    // of 16 floats (64 bytes), at least 16.
+    const double bytes = gi < chunk_bytes.size() && chunk_bytes[gi] > 0 ? chunk_bytes[gi] : bucket_bytes;
+    const int64_t max_slice = std::max<int64_t>(16, static_cast<int64_t>(bytes / (4.0 * ranks)) / 16 * 16);
     const model::ParamGroup& g = groups[gi];
     GroupShard s;
     s.ranks = ranks, s.rank = rank;

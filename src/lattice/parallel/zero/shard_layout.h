@@ -48,8 +48,9 @@ class ShardLayout {
   // when given and > 0, makes every chunk of group g a whole number of rows
   // of that many elements (the embedding: ZeRO works on it row block by row
   // block, sharded_embedding.h).
+  // `chunk_bytes[g]`, when given and > 0, replaces bucket_bytes for group g.
   ShardLayout(const std::vector<model::ParamGroup>& groups, int ranks, int rank, double bucket_bytes,
-              const std::vector<int64_t>& row_elems = {});
+              const std::vector<int64_t>& row_elems = {}, const std::vector<double>& chunk_bytes = {});
 
   const GroupShard& group(size_t g) const { return groups_[g]; }
   size_t num_groups() const { return groups_.size(); }

@@ -16,13 +16,14 @@ constexpr size_t kWte = 0, kWpe = 1;  // parameter order of the embedding group
 
 ShardedEmbedding::ShardedEmbedding(model::ParamGroup& group, const model::ModelConfig& config,
                                    const GroupShard& shard, CommStream& stream, const float* params,
-                                   float* grad_shard)
+                                   Gradients gradients, float* grad_shard)
     : group_(group),
       C_(config.n_embd),
       Vp_(config.padded_vocab()),
       shard_(shard),
       stream_(stream),
       params_(params),
+      gradients_(gradients),
       grad_shard_(grad_shard) {
   const model::ParamInfo& wpe = group.params()[kWpe];
   LATTICE_CHECK(group.params()[kWte].offset == 0 && wpe.offset % C_ == 0 && shard.chunk_numel() % C_ == 0,
@@ -30,7 +31,7 @@ ShardedEmbedding::ShardedEmbedding(model::ParamGroup& group, const model::ModelC
   wpe_row_ = wpe.offset / C_;
   const size_t chunk_bytes = static_cast<size_t>(shard.chunk_numel()) * sizeof(float);
   if (params_) pieces_ = Buffer(2 * chunk_bytes, MemCategory::Params);
-  grad_pieces_ = Buffer(2 * chunk_bytes, MemCategory::Grads);
+  if (gradients_ == Gradients::Sharded) grad_pieces_ = Buffer(2 * chunk_bytes, MemCategory::Grads);
 }
 
 size_t ShardedEmbedding::param_buffer_bytes() const { return pieces_.bytes(); }
@@ -92,7 +93,35 @@ void ShardedEmbedding::head_backward_input(float* dlnf, const float* dlogits, in
   }
 }
 
+void ShardedEmbedding::head_weight_into_group(const float* dlogits, const float* lnf, int64_t N) {
+  bool acc = false;
+  float* dwte = group_.write_grad(kWte, &acc);
+  k::linear_backward_weight(dwte, nullptr, dlogits, lnf, N, C_, Vp_, acc);
+  if (!last_) return;
+  // The last micro-batch: every gradient in the group's buffer but the
+  // lookup's last share is there (wpe's, if nothing wrote it yet this step,
+  // is zero), so its chunks are reduced now, during the rest of the backward.
+  bool wpe_acc = false;
+  float* dwpe = group_.write_grad(kWpe, &wpe_acc);
+  if (!wpe_acc) std::memset(dwpe, 0, sizeof(float) * group_.params()[kWpe].numel());
+  float* grad = group_.grad_storage();
+  const int64_t chunk = shard_.chunk_numel(), slice = shard_.slice;
+  for (int64_t c = 0; c < shard_.chunks; c++) {
+    float* data = grad + c * chunk;
+    const std::string label = "grad embedding " + std::to_string(c) + "/" + std::to_string(shard_.chunks);
+    if (gradients_ == Gradients::AllReduce) {
+      last_ticket_ = stream_.all_reduce(data, static_cast<size_t>(chunk), DType::F32, label);
+    } else {
+      float* home = grad + shard_.slice_begin(c);
+      last_ticket_ = stream_.reduce_scatter(data, data, static_cast<size_t>(slice), label, [data, home, slice] {
+        if (home != data) std::memmove(home, data, static_cast<size_t>(slice) * sizeof(float));
+      });
+    }
+  }
+}
+
 void ShardedEmbedding::head_backward_weight(const float* dlogits, const float* lnf, int64_t N) {
+  if (gradients_ != Gradients::Sharded) return head_weight_into_group(dlogits, lnf, N);
   // Every chunk of the group is reduce-scattered once per micro-batch (the
   // ones past the vocabulary carry zeros from the head; the lookup adds its
   // share to the shard afterwards), so the first micro-batch of a step
@@ -110,7 +139,7 @@ void ShardedEmbedding::head_backward_weight(const float* dlogits, const float* l
       k::gemm(true, false, head_rows, C_, N, 1.0f, dlogits + first, Vp_, lnf, C_, 0.0f, piece, C_);
     std::memset(piece + head_rows * C_, 0, static_cast<size_t>(chunk - head_rows * C_) * sizeof(float));
     float* dst = grad_shard_ + c * k;
-    const bool first_write = first_write_;
+    const bool first_write = first_;
     // In place: this rank's summed slice lands at the piece's start.
     grad_ticket_[b] = stream_.reduce_scatter(
         piece, piece, static_cast<size_t>(k),
@@ -136,12 +165,12 @@ void ShardedEmbedding::add_owned_row(float* out, int64_t row, const float* src) 
   }
 }
 
-void ShardedEmbedding::add_to_owned(float* dst, int64_t row, const float* values) const {
+void ShardedEmbedding::add_to_owned(float* dst, int64_t row, const float* values, bool home) const {
   const int64_t begin = row * C_, end = begin + C_, k = shard_.slice;
   for (int64_t f = begin; f < end;) {
     const int64_t seg_end = std::min(end, f + (k - f % k));
     if (shard_.owner(f) == shard_.rank) {
-      float* d = dst + shard_.shard_offset(f);
+      float* d = dst + (home ? f : shard_.shard_offset(f));
       for (int64_t i = 0; i < seg_end - f; i++) d[i] += values[f - begin + i];
     }
     f = seg_end;
@@ -180,15 +209,61 @@ void ShardedEmbedding::lookup(float* x, const int32_t* tokens, int B, int T, int
   stream_.wait(stream_.reduce_scatter(rows, x, static_cast<size_t>(BT * C_), "lookup"));
 }
 
+const float* ShardedEmbedding::gather_lookup_rows(const float* dx, const int32_t* tokens, int64_t BT) {
+  const int n = shard_.ranks;
+  exchange_tokens(tokens, BT);
+  rows_.ensure(static_cast<size_t>(n * BT * C_) * sizeof(float), MemCategory::Comm);
+  stream_.wait(stream_.all_gather(dx, rows_.as<float>(), static_cast<size_t>(BT * C_), "lookup grad"));
+  return rows_.as<float>();
+}
+
+void ShardedEmbedding::lookup_into_group(const float* dx, const int32_t* tokens, int B, int T) {
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  if (!last_) {  // earlier micro-batches: accumulate here, reduced with the rest on the last one
+    float* d[2];
+    for (size_t p : {kWte, kWpe}) {
+      bool acc = false;
+      d[p] = group_.write_grad(p, &acc);
+      if (!acc) std::memset(d[p], 0, sizeof(float) * group_.params()[p].numel());
+    }
+    k::embedding_backward(d[kWte], d[kWpe], dx, tokens, B, T, C_);
+    return;
+  }
+  stream_.wait(last_ticket_);  // the group's chunks are reduced
+  const float* rows = gather_lookup_rows(dx, tokens, BT);
+  const float* all = tokens_all_.as<float>();
+  float* grad = group_.grad_storage();
+  const int64_t total = shard_.ranks * BT;
+  if (gradients_ == Gradients::AllReduce) {
+    // Every rank adds every rank's rows, in the same order: the buffers stay
+    // identical. By columns, so threads never share an element.
+    const int64_t wpe = wpe_row_;
+#pragma omp parallel for schedule(static)
+    for (int64_t c0 = 0; c0 < C_; c0 += 64) {
+      const int64_t c1 = std::min<int64_t>(C_, c0 + 64);
+      for (int64_t j = 0; j < total; j++) {
+        const float* v = rows + j * C_;
+        float* dw = grad + static_cast<int64_t>(all[j]) * C_;
+        float* dp = grad + (wpe + (j % BT) % T) * C_;
+        for (int64_t c = c0; c < c1; c++) dw[c] += v[c];
+        for (int64_t c = c0; c < c1; c++) dp[c] += v[c];
+      }
+    }
+  } else {
+    for (int64_t j = 0; j < total; j++) {
+      add_to_owned(grad, static_cast<int64_t>(all[j]), rows + j * C_, /*home=*/true);
+      add_to_owned(grad, wpe_row_ + (j % BT) % T, rows + j * C_, /*home=*/true);
+    }
+  }
+}
+
 void ShardedEmbedding::lookup_backward(const float* dx, const int32_t* tokens, int B, int T) {
+  if (gradients_ != Gradients::Sharded) return lookup_into_group(dx, tokens, B, T);
   // After the head's reductions have written (or added to) the shard.
   stream_.wait(last_ticket_);
   const int n = shard_.ranks;
   const int64_t BT = static_cast<int64_t>(B) * T;
-  exchange_tokens(tokens, BT);
-  rows_.ensure(static_cast<size_t>(n * BT * C_) * sizeof(float), MemCategory::Comm);
-  float* rows = rows_.as<float>();
-  stream_.wait(stream_.all_gather(dx, rows, static_cast<size_t>(BT * C_), "lookup grad"));
+  const float* rows = gather_lookup_rows(dx, tokens, BT);
   // d wte[token] += dx row ; d wpe[t] += dx row, over every rank's rows in
   // order (rows sharing a token add up; one thread, no races).
   const float* all = tokens_all_.as<float>();

@@ -25,6 +25,15 @@
 // gathers, one reduce-scatter, as ZeRO-3's 3Ψ counts it), plus O(n·B·T·C)
 // for the sparse exchanges. At stage 2 the parameters are whole on every
 // rank, so the forward and the head's input gradient use them directly.
+//
+// Stages 0-1 (Gradients::Whole) use it for the timing alone: the embedding's
+// gradient is final only after the lookup's scatter-add at the very end of
+// the backward, so reducing the whole group then would sit on the critical
+// path. Instead, on the last micro-batch of a step, the group's chunks are
+// reduced (all-reduce, or reduce-scatter at stage 1) right after the head's
+// share is added, overlapping the whole backward, and the lookup's share is
+// exchanged sparsely at the end and added by every rank (stage 0) or by each
+// slice's owner (stage 1). Earlier micro-batches accumulate locally.
 #pragma once
 
 #include <cstdint>
@@ -39,16 +48,21 @@ namespace lattice::parallel {
 
 class ShardedEmbedding final : public model::TiedEmbedding {
  public:
+  enum class Gradients {
+    Sharded,    // stages 2-3: into this rank's gradient shard, every micro-batch
+    AllReduce,  // stage 0: the group's whole gradient buffer, summed on every rank
+    Scatter,    // stage 1: the whole buffer, each slice summed at its owner (its home position)
+  };
   // `group`: the embedding group (wte then wpe, laid out by rows of C).
   // `params`: this rank's parameter shard of it at stage 3, or null when the
-  // group's buffer is whole on every rank (stage 2). `grad_shard`: this
-  // rank's gradient shard; `first_write` says whether this micro-batch's
-  // contribution overwrites it (the step's first) or adds to it.
+  // group's buffer is whole on every rank. `grad_shard`: this rank's gradient
+  // shard (Gradients::Sharded; null otherwise).
   ShardedEmbedding(model::ParamGroup& group, const model::ModelConfig& config, const GroupShard& shard,
-                   CommStream& stream, const float* params, float* grad_shard);
+                   CommStream& stream, const float* params, Gradients gradients, float* grad_shard);
 
-  // Before each micro-batch's backward: overwrite (first of the step) or accumulate.
-  void set_first_write(bool first) { first_write_ = first; }
+  // Before each micro-batch: whether it is the step's first (Sharded: its
+  // contribution overwrites the shard) and last (stages 0-1 reduce only then).
+  void begin_micro_batch(bool first, bool last) { first_ = first, last_ = last; }
   // Waits for every collective this object posted (the optimizer reads the
   // gradient shard after it).
   void finish();
@@ -69,8 +83,14 @@ class ShardedEmbedding final : public model::TiedEmbedding {
   void wte_rows(int64_t c, int64_t* first, int64_t* last) const;
   // out[0, C) += the elements of flat row `row` that this rank owns (src: its shard).
   void add_owned_row(float* out, int64_t row, const float* src) const;
-  // dst (this rank's shard) += the elements of `values` (flat row `row`) it owns.
-  void add_to_owned(float* dst, int64_t row, const float* values) const;
+  // dst += the elements of `values` (flat row `row`) this rank owns; dst is
+  // its shard, or with `home` the group's whole buffer (owned positions only).
+  void add_to_owned(float* dst, int64_t row, const float* values, bool home = false) const;
+  // The group's own gradient buffer, the head's share accumulated (Whole modes).
+  void head_weight_into_group(const float* dlogits, const float* lnf, int64_t N);
+  void lookup_into_group(const float* dx, const int32_t* tokens, int B, int T);
+  // Exchanges (token, dx row) pairs of every rank into tokens_all_ / rows_.
+  const float* gather_lookup_rows(const float* dx, const int32_t* tokens, int64_t BT);
   void exchange_tokens(const int32_t* tokens, int64_t count);
 
   model::ParamGroup& group_;
@@ -78,9 +98,10 @@ class ShardedEmbedding final : public model::TiedEmbedding {
   const GroupShard& shard_;
   CommStream& stream_;
   const float* params_;  // stage 3 shard, or null
+  Gradients gradients_;
   float* grad_shard_;
   int64_t wpe_row_;      // flat row where wpe starts (= Vp)
-  bool first_write_ = true;
+  bool first_ = true, last_ = true;
   Buffer pieces_;        // two chunks of parameters (stage 3)
   Buffer grad_pieces_;   // two chunks of gradient
   CommStream::Ticket grad_ticket_[2] = {0, 0};
