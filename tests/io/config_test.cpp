@@ -28,7 +28,7 @@ TEST(Config, DefaultsMatchTheContract) {
   EXPECT_DOUBLE_EQ(c.optim.beta2, 0.95);
   EXPECT_DOUBLE_EQ(c.optim.eps, 1e-8);
   EXPECT_EQ(c.parallel.schedule, "1f1b");
-  EXPECT_DOUBLE_EQ(c.parallel.bucket_mb, 25);
+  EXPECT_DOUBLE_EQ(c.parallel.bucket_mb, 4);
   EXPECT_EQ(c.precision.compute, "f32");
   EXPECT_TRUE(c.precision.dynamic_loss_scale());
   EXPECT_DOUBLE_EQ(c.precision.loss_scale_init, 65536);

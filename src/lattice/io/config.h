@@ -71,7 +71,9 @@ struct ParallelSection {
   std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1
   int virtual_stages = 1;
   int microbatches = 1;
-  double bucket_mb = 25;  // DP gradient bucket size in MiB (fractions allowed for tiny tests)
+  // Largest data-parallel reduction call, MiB (fractions allowed for tiny
+  // tests). 4 MiB: the bucket sweep in docs/performance.md.
+  double bucket_mb = 4;
   bool operator==(const ParallelSection&) const = default;
 };
 

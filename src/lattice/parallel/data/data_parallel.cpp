@@ -115,7 +115,8 @@ DataParallel::DataParallel(model::GPT& model, comm::Communicator& dp, const Data
     shard_base_.push_back(total);
     total += opt_layout_.group(g).shard_numel();
   }
-  stream_ = std::make_unique<CommStream>(dp, options.progress);
+  // One rank communicates nothing: no thread for it.
+  stream_ = std::make_unique<CommStream>(dp, dp.size() == 1 ? Progress::Inline : options.progress);
 
   // Where the optimizer state lives: moments, and at stage 3 the parameters.
   const int arrays = stage == 3 ? 3 : 2;
@@ -211,10 +212,11 @@ void DataParallel::initialize(uint64_t seed) {
 
 std::string DataParallel::describe() const {
   std::ostringstream s;
-  s << "ZeRO stage " << stage() << " over " << ranks() << " data-parallel rank" << (ranks() == 1 ? "" : "s")
-    << ", buckets of at most " << format_bytes(options_.bucket_bytes) << ", communication "
-    << progress_name(stream_->progress()) << ", optimizer state in "
-    << const_cast<optim::AdamW&>(*optimizer_).store().describe();
+  s << "ZeRO stage " << stage() << " over " << ranks() << " data-parallel rank" << (ranks() == 1 ? "" : "s");
+  if (ranks() > 1)
+    s << ", buckets of at most " << format_bytes(options_.bucket_bytes) << ", communication "
+      << progress_name(stream_->progress());
+  s << ", optimizer state in " << const_cast<optim::AdamW&>(*optimizer_).store().describe();
   return s.str();
 }
 

@@ -53,7 +53,7 @@ namespace lattice::parallel {
 
 struct DataParallelOptions {
   int zero_stage = 0;                  // 0..3
-  double bucket_bytes = 25.0 * (1 << 20);
+  double bucket_bytes = 4.0 * (1 << 20);
   Progress progress = Progress::Thread;
   bool offload_to_disk = false;
   std::string offload_dir;

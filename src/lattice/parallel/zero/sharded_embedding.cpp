@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "lattice/core/error.h"
 #include "lattice/kernels/ops.h"
@@ -55,11 +56,8 @@ static int64_t head_chunks(const GroupShard& s, int64_t C, int64_t Vp) {
   return std::min(s.chunks, (Vp + rows - 1) / rows);
 }
 
-void ShardedEmbedding::head_forward(float* logits, const float* lnf, int64_t rows, int64_t ld) {
-  if (!params_) {  // stage 2: the table is whole here
-    k::gemm(false, true, rows, Vp_, C_, 1.0f, lnf, ld, group_.param(kWte), C_, 0.0f, logits, Vp_);
-    return;
-  }
+void ShardedEmbedding::for_each_gathered_chunk(
+    const std::function<void(const float* piece, int64_t first, int64_t last, int64_t c)>& fn) {
   const int64_t chunks = head_chunks(shard_, C_, Vp_);
   CommStream::Ticket next = gather_chunk(0);
   for (int64_t c = 0; c < chunks; c++) {
@@ -68,10 +66,19 @@ void ShardedEmbedding::head_forward(float* logits, const float* lnf, int64_t row
     if (c + 1 < chunks) next = gather_chunk(c + 1);
     int64_t first, last;
     wte_rows(c, &first, &last);
-    const float* piece = pieces_.as<float>() + (c % 2) * shard_.chunk_numel();
+    fn(pieces_.as<float>() + (c % 2) * shard_.chunk_numel(), first, last, c);
+  }
+}
+
+void ShardedEmbedding::head_forward(float* logits, const float* lnf, int64_t rows, int64_t ld) {
+  if (!params_) {  // stage 2: the table is whole here
+    k::gemm(false, true, rows, Vp_, C_, 1.0f, lnf, ld, group_.param(kWte), C_, 0.0f, logits, Vp_);
+    return;
+  }
+  for_each_gathered_chunk([&](const float* piece, int64_t first, int64_t last, int64_t) {
     // logits[:, first:last] = lnf · wte[first:last]ᵀ
     k::gemm(false, true, rows, last - first, C_, 1.0f, lnf, ld, piece, C_, 0.0f, logits + first, Vp_);
-  }
+  });
 }
 
 void ShardedEmbedding::head_backward_input(float* dlnf, const float* dlogits, int64_t N) {
@@ -79,18 +86,11 @@ void ShardedEmbedding::head_backward_input(float* dlnf, const float* dlogits, in
     k::linear_backward_input(dlnf, dlogits, group_.param(kWte), N, C_, Vp_, false);
     return;
   }
-  const int64_t chunks = head_chunks(shard_, C_, Vp_);
-  CommStream::Ticket next = gather_chunk(0);
-  for (int64_t c = 0; c < chunks; c++) {
-    stream_.wait(next);
-    if (c + 1 < chunks) next = gather_chunk(c + 1);
-    int64_t first, last;
-    wte_rows(c, &first, &last);
-    const float* piece = pieces_.as<float>() + (c % 2) * shard_.chunk_numel();
+  for_each_gathered_chunk([&](const float* piece, int64_t first, int64_t last, int64_t c) {
     // dlnf (+)= dlogits[:, first:last] · wte[first:last]
     k::gemm(false, false, N, C_, last - first, 1.0f, dlogits + first, Vp_, piece, C_, c == 0 ? 0.0f : 1.0f, dlnf,
             C_);
-  }
+  });
 }
 
 void ShardedEmbedding::head_weight_into_group(const float* dlogits, const float* lnf, int64_t N) {

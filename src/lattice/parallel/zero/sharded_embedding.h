@@ -37,6 +37,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "lattice/core/memory.h"
@@ -79,6 +80,9 @@ class ShardedEmbedding final : public model::TiedEmbedding {
  private:
   // Posts the gather of chunk c into piece buffer c % 2.
   CommStream::Ticket gather_chunk(int64_t c);
+  // fn(piece, first, last, c) for each chunk holding wte rows [first, last),
+  // gathered (stage 3), the next chunk's gather in flight meanwhile.
+  void for_each_gathered_chunk(const std::function<void(const float*, int64_t, int64_t, int64_t)>& fn);
   // Rows [first, last) of wte that chunk c holds (empty past the vocabulary).
   void wte_rows(int64_t c, int64_t* first, int64_t* last) const;
   // out[0, C) += the elements of flat row `row` that this rank owns (src: its shard).
