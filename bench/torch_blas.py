@@ -66,6 +66,41 @@ class SetupError(Exception):
     """Torch cannot run on a usable OpenBLAS here; the message says what was found and what to do."""
 
 
+def add_step_benchmark_args(ap, batch_help=None, threads_help=None):
+    """The options the PyTorch step benchmarks share (model, batch, timing, BLAS)."""
+    ap.add_argument("--n-layer", type=int, default=12)
+    ap.add_argument("--n-head", type=int, default=12)
+    ap.add_argument("--n-embd", type=int, default=768)
+    ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--batch", type=int, default=4, help=batch_help)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1, help=threads_help)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    ap.add_argument("--coretype", default=None,
+                    help="force this OPENBLAS_CORETYPE (default: the fastest candidate for this CPU, measured once "
+                         "per CPU and thread count and cached)")
+    ap.add_argument("--recalibrate", action="store_true", help="measure the core type candidates again")
+    ap.add_argument("--min-gemm-gflops-per-thread", type=float, default=20.0,
+                    help="refuse to run when torch.matmul at 1024x768x3072 is below this many GFLOP/s times "
+                         "--threads (default 20: reference BLAS ~8 in all, OpenBLAS 40-250 per thread)")
+    ap.add_argument("--foreach", choices=["on", "off"], default="off",
+                    help="torch.optim.AdamW foreach implementation (default off, torch 1.13's CPU default; "
+                         "on was not faster here)")
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def check_step_benchmark_args(ap, args, positive=()):
+    """Refuses what add_step_benchmark_args' options (and `positive` others) cannot be."""
+    for k in ("n_layer", "n_head", "n_embd", "vocab", "batch", "seq", "threads", "steps") + tuple(positive):
+        if getattr(args, k) <= 0:
+            ap.error(f"--{k.replace('_', '-')} must be positive, got {getattr(args, k)}")
+    if args.warmup < 0:
+        ap.error("--warmup must be >= 0")
+    if args.n_embd % args.n_head:
+        ap.error(f"--n-head {args.n_head} does not divide --n-embd {args.n_embd}")
+
+
 def log(msg):
     print(f"torch_blas: {msg}", file=sys.stderr, flush=True)
 

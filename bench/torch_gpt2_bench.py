@@ -88,34 +88,9 @@ SETUP_VAR = "LATTICE_TORCH_BENCH_SETUP"  # the parent's torch_blas.prepare() res
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n-layer", type=int, default=12)
-    ap.add_argument("--n-head", type=int, default=12)
-    ap.add_argument("--n-embd", type=int, default=768)
-    ap.add_argument("--vocab", type=int, default=50257)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=5, help="timed steps")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    ap.add_argument("--coretype", default=None,
-                    help="force this OPENBLAS_CORETYPE (default: the fastest candidate for this CPU, measured once "
-                         "per CPU and thread count and cached)")
-    ap.add_argument("--recalibrate", action="store_true", help="measure the core type candidates again")
-    ap.add_argument("--min-gemm-gflops-per-thread", type=float, default=20.0,
-                    help="refuse to run when torch.matmul at 1024x768x3072 is below this many GFLOP/s times "
-                         "--threads (default 20: reference BLAS ~8 in all, OpenBLAS 40-250 per thread)")
-    ap.add_argument("--foreach", choices=["on", "off"], default="off",
-                    help="torch.optim.AdamW foreach implementation (default off, torch 1.13's CPU default; "
-                         "on was not faster here)")
-    ap.add_argument("--seed", type=int, default=0)
+    torch_blas.add_step_benchmark_args(ap)
     args = ap.parse_args()
-    for k in ("n_layer", "n_head", "n_embd", "vocab", "batch", "seq", "threads", "steps"):
-        if getattr(args, k) <= 0:
-            ap.error(f"--{k.replace('_', '-')} must be positive, got {getattr(args, k)}")
-    if args.warmup < 0:
-        ap.error("--warmup must be >= 0")
-    if args.n_embd % args.n_head:
-        ap.error(f"--n-head {args.n_head} does not divide --n-embd {args.n_embd}")
+    torch_blas.check_step_benchmark_args(ap, args)
     return args
 
 
