@@ -174,6 +174,26 @@ TEST(DataParallel, EveryLayoutTrainsTheOneProcessModel) {
       }
 }
 
+// Offload changes where the optimizer state lives, not the arithmetic: the
+// run is bit-identical to the same layout in memory (stages 0 and 3 on every
+// rank, stage 2 on one).
+TEST(DataParallel, OffloadIsBitIdenticalToMemory) {
+  const fs::path off = shared_dir("offload_bits");
+  for (int stage : {0, 3}) {
+    const RunResult mem = train(layout(world().size(), stage, 2, false), world());
+    const RunResult disk = train(layout(world().size(), stage, 2, true, off.string()), world());
+    EXPECT_EQ(disk.losses, mem.losses) << "stage " << stage;
+    EXPECT_EQ(disk.norms, mem.norms) << "stage " << stage;
+    EXPECT_EQ(disk.params, mem.params) << "stage " << stage;
+  }
+  const fs::path mine = off / ("self" + std::to_string(world().rank()));
+  fs::create_directories(mine);
+  const RunResult mem = train(layout(1, 2, 2, false), self());
+  const RunResult disk = train(layout(1, 2, 2, true, mine.string()), self());
+  EXPECT_EQ(disk.losses, mem.losses);
+  EXPECT_EQ(disk.params, mem.params);
+}
+
 // The same on token shards small enough that 10 steps cross several epochs.
 TEST(DataParallel, EpochBoundariesAreLayoutIndependent) {
   const fs::path dir = shared_dir("shards");
