@@ -59,6 +59,12 @@ static void report_failure(const char* message) {
   }
 }
 
+void abort_job(const std::string& message) {
+  if (world_size() <= 1) throw Error(message);
+  report_failure(message.c_str());
+  std::_Exit(1);
+}
+
 [[noreturn]] static void on_terminate() {
   const char* what = "terminate called without an active exception";
   std::string text;

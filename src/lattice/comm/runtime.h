@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 namespace lattice::comm {
 
@@ -15,6 +16,12 @@ namespace lattice::comm {
 // is then aborted with MPI_Abort(1), so no rank waits forever for a peer that
 // is gone and mpiexec exits non-zero. With one rank it returns 1.
 int run_guarded(int argc, char** argv, const std::function<int()>& body);
+
+// Prints "rank R: message" on stderr and ends the whole job now (MPI_Abort),
+// without unwinding: for an error in a multi-rank job while another thread
+// (a communication thread) may still be inside a collective on buffers that
+// unwinding would free. With one rank it throws lattice::Error(message).
+[[noreturn]] void abort_job(const std::string& message);
 
 // Rank and size of MPI_COMM_WORLD (0 and 1 before initialisation).
 int world_rank();

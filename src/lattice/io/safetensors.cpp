@@ -304,7 +304,6 @@ void SafeTensorsWriter::add(const std::string& name, DType dtype, std::vector<in
     numel *= static_cast<uint64_t>(d);
   }
   uint64_t bytes = numel * dtype_size(dtype);
-  LATTICE_CHECK(bytes == 0 || data != nullptr, "tensor " << json_quote(name) << " has no data");
   items_.push_back(Item{name, dtype, std::move(shape), data, bytes});
 }
 
@@ -334,11 +333,53 @@ std::string SafeTensorsWriter::header_json() const {
   return to_json(root);
 }
 
+SafeTensorsStream::SafeTensorsStream(const SafeTensorsWriter& layout, const std::string& path)
+    : path_(path), tmp_(path + ".tmp." + std::to_string(::getpid())) {
+  std::string header = layout.header_json();
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const uint64_t header_len = header.size();
+  for (const SafeTensorsWriter::Item& item : layout.items_) sizes_.push_back(item.bytes);
+  file_ = std::make_unique<FileWriter>(tmp_);
+  file_->write(&header_len, 8);
+  file_->write(header.data(), header.size());
+}
+
+SafeTensorsStream::~SafeTensorsStream() {
+  if (file_) {
+    file_.reset();
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void SafeTensorsStream::append(const void* data, size_t bytes) {
+  LATTICE_CHECK(file_ && next_ < sizes_.size(), "safetensors stream '" << path_ << "': more tensors than its header");
+  LATTICE_CHECK(bytes == sizes_[next_], "safetensors stream '" << path_ << "': tensor " << next_ << " has " << bytes
+                                                               << " bytes, its header says " << sizes_[next_]);
+  if (bytes) file_->write(data, bytes);
+  next_++;
+}
+
+void SafeTensorsStream::finish() {
+  LATTICE_CHECK(file_ && next_ == sizes_.size(), "safetensors stream '" << path_ << "': " << next_ << " of "
+                                                                        << sizes_.size() << " tensors written");
+  file_->sync_and_close();
+  file_.reset();
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    std::string reason = errno_text();
+    ::unlink(tmp_.c_str());
+    LATTICE_FAIL("cannot rename '" << tmp_ << "' to '" << path_ << "': " << reason);
+  }
+  fsync_path(parent_dir(path_));
+}
+
 void SafeTensorsWriter::write(const std::string& path) const {
   std::string header = header_json();
   // Pad with spaces so the data region starts at a multiple of 8 bytes.
   header.append((8 - header.size() % 8) % 8, ' ');
   uint64_t header_len = header.size();
+  for (const Item& item : items_)
+    LATTICE_CHECK(item.bytes == 0 || item.data != nullptr,
+                  "tensor " << json_quote(item.name) << " has no data (write it with SafeTensorsStream)");
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   try {
     FileWriter w(tmp);

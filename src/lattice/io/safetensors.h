@@ -25,10 +25,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "lattice/core/dtype.h"
+#include "lattice/io/file_util.h"
 
 namespace lattice::io {
 
@@ -98,6 +100,7 @@ class SafeTensorsWriter {
  public:
   // Records a tensor. `data` is referenced, not copied: it must stay valid and
   // unchanged until write() returns. Names must be unique and non-empty.
+  // `data` may be null for a file written with SafeTensorsStream.
   void add(const std::string& name, DType dtype, std::vector<int64_t> shape, const void* data);
   void set_metadata(const std::string& key, const std::string& value);
   // Writes `path` via path.tmp.<pid> + fsync + rename (+ fsync of the directory).
@@ -115,6 +118,29 @@ class SafeTensorsWriter {
   };
   std::vector<Item> items_;
   std::map<std::string, std::string> metadata_;
+  friend class SafeTensorsStream;
+};
+
+// A safetensors file written tensor by tensor, so that a writer never holds
+// all of them at once (checkpoints of a sharded model: one group gathered at a
+// time). The header comes from `layout` (every tensor added, data not
+// needed); append() takes the tensors' bytes in the order they were added;
+// finish() checks that all came, fsyncs and renames into place, as write()
+// does. Destroyed unfinished, the temporary file is removed.
+class SafeTensorsStream {
+ public:
+  SafeTensorsStream(const SafeTensorsWriter& layout, const std::string& path);
+  ~SafeTensorsStream();
+  SafeTensorsStream(const SafeTensorsStream&) = delete;
+  SafeTensorsStream& operator=(const SafeTensorsStream&) = delete;
+  void append(const void* data, size_t bytes);
+  void finish();
+
+ private:
+  std::string path_, tmp_;
+  std::vector<uint64_t> sizes_;
+  size_t next_ = 0;
+  std::unique_ptr<FileWriter> file_;
 };
 
 // safetensors dtype names: "F32", "BF16", "F16".

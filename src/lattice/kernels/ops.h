@@ -48,6 +48,11 @@ struct GemmPaths {
 };
 // The first call decides (and, where both bf16 paths exist, times them once: a few ms).
 const GemmPaths& gemm_paths();
+// Decides instead of timing, before the first gemm_paths(): the ranks of one
+// job take rank 0's decision, so they all compute alike (a timing taken on
+// every rank at once could come out differently on a loaded machine).
+// Repeating the process's decision is allowed; changing it is refused.
+void set_bf16_gemm_path(bool primitive, double measured_speedup);
 // "f32 dnnl_sgemm, bf16 dnnl_matmul_bf16 (oneDNN's bf16 matmul ran 1.93x ...); oneDNN ISA avx512_core_bf16"
 std::string describe_gemm_paths();
 

@@ -18,44 +18,49 @@ static const char* kMomentSuffix[2] = {".exp_avg", ".exp_avg_sq"};
 
 // Whatever the layout, a checkpoint holds full logical tensors by HF name:
 // every group's parameters and moments are gathered over the data-parallel
-// ranks one group at a time (DataParallel::gather_full), and rank 0 alone
-// writes the directory (atomic, as io/checkpoint.h describes). So any layout
-// loads any checkpoint.
+// ranks one group at a time (DataParallel::gather_full) and rank 0 streams
+// them into the files as they come (io::SafeTensorsStream), so no rank ever
+// holds more than one group's worth; the directory is committed atomically
+// (io/checkpoint.h). So any layout loads any checkpoint.
 std::string Trainer::save_checkpoint() {
   LATTICE_CHECK(!config_.checkpoint.dir.empty(), "save_checkpoint needs checkpoint.dir");
-  std::vector<HfTensor> params, moments[2];
   const parallel::DataParallel::State which[3] = {parallel::DataParallel::State::Params,
                                                   parallel::DataParallel::State::AdamM,
                                                   parallel::DataParallel::State::AdamV};
+  std::unique_ptr<io::CheckpointWriter> w;
+  std::unique_ptr<io::SafeTensorsStream> files[2];  // model, optimizer
+  if (is_root_) {
+    // The headers first: every tensor's name and HF shape is known.
+    io::SafeTensorsWriter layout[2];
+    layout[0].set_metadata("format", "pt");
+    layout[0].set_metadata("n_head", std::to_string(config_.model.n_head));
+    for (const model::ParamGroup& group : model_->groups())
+      for (const model::ParamInfo& p : group.params()) {
+        layout[0].add(p.name, DType::F32, hf_shape(p), nullptr);
+        for (int k = 0; k < 2; k++) layout[1].add(p.name + kMomentSuffix[k], DType::F32, hf_shape(p), nullptr);
+      }
+    w = std::make_unique<io::CheckpointWriter>(config_.checkpoint.dir, step_);
+    files[0] = std::make_unique<io::SafeTensorsStream>(layout[0], w->path("model.safetensors"));
+    files[1] = std::make_unique<io::SafeTensorsStream>(layout[1], w->path("optimizer.safetensors"));
+  }
   for (size_t g = 0; g < model_->groups().size(); g++) {
     const model::ParamGroup& group = model_->groups()[g];
-    std::vector<float> full(static_cast<size_t>(group.capacity()));
+    std::vector<float> full[3];
     for (int k = 0; k < 3; k++) {
-      dp_->gather_full(g, which[k], full.data());
-      if (!is_root_) continue;
-      std::vector<HfTensor> part = export_hf_group(group, full.data());
-      std::vector<HfTensor>& into = k == 0 ? params : moments[k - 1];
-      for (HfTensor& t : part) into.push_back(std::move(t));
+      full[k].resize(static_cast<size_t>(group.capacity()));
+      dp_->gather_full(g, which[k], full[k].data());
+    }
+    if (!is_root_) continue;
+    std::vector<HfTensor> tensors[3];
+    for (int k = 0; k < 3; k++) tensors[k] = export_hf_group(group, full[k].data());
+    for (size_t i = 0; i < tensors[0].size(); i++) {
+      files[0]->append(tensors[0][i].data.data(), tensors[0][i].data.size() * sizeof(float));
+      for (int k = 1; k < 3; k++) files[1]->append(tensors[k][i].data.data(), tensors[k][i].data.size() * sizeof(float));
     }
   }
   if (!is_root_) return "";
-  io::CheckpointWriter w(config_.checkpoint.dir, step_);
-  {
-    io::SafeTensorsWriter model_file;
-    for (const HfTensor& t : params) model_file.add(t.name, DType::F32, t.shape, t.data.data());
-    model_file.set_metadata("format", "pt");
-    model_file.set_metadata("n_head", std::to_string(config_.model.n_head));
-    model_file.write(w.path("model.safetensors"));
-  }
-  {
-    io::SafeTensorsWriter opt;
-    for (int k = 0; k < 2; k++)
-      for (HfTensor& t : moments[k]) {
-        t.name += kMomentSuffix[k];
-        opt.add(t.name, DType::F32, t.shape, t.data.data());
-      }
-    opt.write(w.path("optimizer.safetensors"));
-  }
+  files[0]->finish();
+  files[1]->finish();
   io::JsonValue meta = io::JsonValue::object();
   meta.set("config", io::JsonValue::string(io::config_to_toml(config_)));
   meta.set("adam_steps", io::JsonValue::integer(optimizer().steps_taken()));
@@ -65,7 +70,7 @@ std::string Trainer::save_checkpoint() {
   meta.set("train_loader", train_data_->state());
   meta.set("saved_by", io::JsonValue::string("parallel.dp=" + std::to_string(config_.parallel.dp) +
                                              " parallel.zero_stage=" + std::to_string(config_.parallel.zero_stage)));
-  return w.commit(std::move(meta), config_.checkpoint.keep);
+  return w->commit(std::move(meta), config_.checkpoint.keep);
 }
 
 // The model section of a checkpoint's config must equal this run's.

@@ -98,7 +98,7 @@ MachinePeak measure_machine_peak(int threads, double seconds, int repeats, bool 
   return p;
 }
 
-MachinePeak machine_peak(int threads, bool store) {
+MachinePeak machine_peak(int threads, int at_once, bool store) {
   if (const double v = env_peak(); v > 0) {
     MachinePeak p;
     p.fp32_gflops_per_core = v;
@@ -107,7 +107,7 @@ MachinePeak machine_peak(int threads, bool store) {
     return p;
   }
   const io::JsonValue cache = read_cache();
-  if (const io::JsonValue* e = cache.find(cache_key(threads)); e && e->is_object()) {
+  if (const io::JsonValue* e = cache.find(cache_key(at_once)); e && e->is_object()) {
     const io::JsonValue* fp32 = e->find("fp32_gflops_per_core");
     const io::JsonValue* bf16 = e->find("bf16_gflops_per_core");
     if (fp32 && fp32->is_number() && fp32->as_double() > 0) {
@@ -119,7 +119,7 @@ MachinePeak machine_peak(int threads, bool store) {
       return p;
     }
   }
-  MachinePeak p = measure_machine_peak(threads, 0.2, 1, store);
+  MachinePeak p = measure_machine_peak(threads, 0.2, 1, store && threads == at_once);
   if (!store) p.source = "measured now (not cached: several ranks share this machine)";
   return p;
 }

@@ -30,7 +30,10 @@ struct MachinePeak {
 // passes false: its ranks may share cores, and a measurement taken while
 // they compete would understate the peak for every later run). A cache that
 // cannot be read or written is skipped silently (the run measures instead).
-MachinePeak machine_peak(int threads, bool store = true);
+// `at_once`: threads running on the node together (all ranks'), whose
+// all-core figure applies; the cache entry is that one's; a measurement runs
+// `threads` threads here while the other ranks run theirs.
+MachinePeak machine_peak(int threads, int at_once, bool store = true);
 
 // Measures now: best of `repeats` runs of `seconds` each per dtype, and
 // stores the result in the cache when `store`.

@@ -12,8 +12,7 @@ GroupBuffer params_of(model::GPT& model) {
   return [&model](size_t g) { return model.groups()[g].data(); };
 }
 
-// HF shape of a parameter: Conv1D weights transposed, wte without padding rows.
-static std::vector<int64_t> hf_shape(const model::ParamInfo& p) {
+std::vector<int64_t> hf_shape(const model::ParamInfo& p) {
   std::vector<int64_t> s = p.full_shape;
   if (p.real_rows >= 0) s[0] = p.real_rows;
   if (p.hf_conv1d) std::swap(s[0], s[1]);

@@ -27,6 +27,9 @@ struct HfTensor {
 // `state(g)` returns the flat buffer of group g for `which` (params, m or v).
 using GroupBuffer = std::function<float*(size_t group)>;
 
+// HF shape of a parameter: Conv1D weights transposed, wte without its padding rows.
+std::vector<int64_t> hf_shape(const model::ParamInfo& p);
+
 // Every parameter as a full logical tensor in HF layout.
 std::vector<HfTensor> export_hf(model::GPT& model, const GroupBuffer& buffer);
 // The parameters of one group, from `base`, its flat buffer in lattice layout.

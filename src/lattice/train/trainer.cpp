@@ -1,5 +1,8 @@
 #include "lattice/train/trainer.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <csignal>
@@ -19,6 +22,7 @@
 #include "lattice/io/json.h"
 #include "lattice/io/metrics.h"
 #include "lattice/io/safetensors.h"
+#include "lattice/kernels/ops.h"
 #include "lattice/parallel/data/data_parallel.h"
 #include "lattice/parallel/zero/disk_store.h"
 #include "lattice/train/model_io.h"
@@ -96,8 +100,25 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   if (config_.zero.offload == "disk") parallel::check_offload_dir(config_.zero.offload_dir);
 
   set_num_threads(config_.train.threads);
-  // MFU is relative to this CPU's measured fp32 peak (machine.h).
-  peak_ = train::machine_peak(num_threads(), ranks == 1);
+  if (mesh_->world().size() > 1) {
+    // One decision for the job: rank 0 times the bf16 GEMM paths.
+    double choice[2] = {0, 0};
+    if (is_root_) {
+      const kernels::GemmPaths& g = kernels::gemm_paths();
+      choice[0] = g.bf16_uses_primitive() ? 1 : 0;
+      choice[1] = g.bf16_primitive_speedup;
+    }
+    mesh_->world().broadcast(choice, 2, DType::F64, 0);
+    if (!is_root_) kernels::set_bf16_gemm_path(choice[0] != 0, choice[1]);
+  }
+  // MFU is relative to this CPU's measured fp32 peak (machine.h), at the
+  // number of threads this node's ranks run at once (the all-core clock).
+  const int local_ranks = [&] {
+    const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const int n = env ? std::atoi(env) : 0;
+    return n > 0 ? n : ranks;
+  }();
+  peak_ = train::machine_peak(num_threads(), std::min(num_threads() * local_ranks, omp_get_num_procs()), ranks == 1);
   peak_flops_ = peak_.fp32_gflops_per_core * 1e9 * num_threads();
 
   const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
@@ -195,7 +216,24 @@ void trim_metrics_after(const std::string& path, int64_t step) {
 
 Trainer::~Trainer() = default;
 
+// An error in the middle of a step of a multi-rank job ends the job right
+// here, naming the rank and the cause: unwinding further would free buffers
+// the communication thread may still be reducing into.
+template <typename Fn>
+static auto ending_job_on_error(const comm::ProcessMesh& mesh, Fn fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    if (mesh.world().size() > 1) comm::abort_job(e.what());
+    throw;
+  }
+}
+
 StepStats Trainer::train_step() {
+  return ending_job_on_error(*mesh_, [&] { return train_step_unguarded(); });
+}
+
+StepStats Trainer::train_step_unguarded() {
   Timer timer;
   const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
   const int micro = micro_batches_, ranks = dp_->ranks();
@@ -236,7 +274,17 @@ StepStats Trainer::train_step() {
   s.peak_mem_bytes = MemoryTracker::instance().peak_total();
   const parallel::DataParallel::StepComm c = dp_->last_step_comm();
   s.comm_ms = c.ran_s * 1e3;
+  s.comm_exposed_ms = c.exposed_s * 1e3;
   s.comm_hidden = c.hidden();
+  if (mesh_->world().size() > 1) {
+    // The job's step took as long as its slowest rank; memory is the largest rank's.
+    double worst[2] = {s.step_ms, static_cast<double>(s.peak_mem_bytes)};
+    mesh_->world().all_reduce(worst, 2, DType::F64, comm::ReduceOp::Max);
+    s.step_ms = worst[0];
+    s.peak_mem_bytes = static_cast<size_t>(worst[1]);
+    s.tokens_per_sec = tokens / (s.step_ms / 1e3);
+    s.mfu = s.tokens_per_sec * model_config_.flops_per_token(T) / (peak_flops_ * ranks);
+  }
   s.comm_bytes = c.bytes;
   return s;
 }
@@ -292,9 +340,10 @@ void Trainer::print_step(const StepStats& s) const {
   if (!options_.print || !is_root_) return;
   char val[48] = "";
   if (s.val_loss >= 0) std::snprintf(val, sizeof val, " | val %.4f", s.val_loss);
-  char comm[64] = "";
+  char comm[96] = "";
   if (dp_->ranks() > 1)
-    std::snprintf(comm, sizeof comm, " | comm %.0f ms, %.0f%% hidden", s.comm_ms, 100.0 * s.comm_hidden);
+    std::snprintf(comm, sizeof comm, " | comm %.0f ms, %.0f%% hidden, %.0f ms exposed", s.comm_ms,
+                  100.0 * s.comm_hidden, s.comm_exposed_ms);
   std::printf("step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %.1f ms | %s tok/s | MFU %.1f%% | mem %s%s\n",
               static_cast<int>(std::to_string(config_.train.steps).size()), static_cast<long long>(s.step),
               static_cast<long long>(config_.train.steps), s.loss, val, s.lr, s.grad_norm, s.step_ms,
@@ -304,6 +353,10 @@ void Trainer::print_step(const StepStats& s) const {
 }
 
 int Trainer::run() {
+  return ending_job_on_error(*mesh_, [&] { return run_unguarded(); });
+}
+
+int Trainer::run_unguarded() {
   StopSignalScope signals;
   print_header();
   Timer total;
@@ -328,6 +381,7 @@ int Trainer::run() {
           {"tokens", static_cast<double>(tokens_seen_)},
           {"comm_ms", s.comm_ms},
           {"comm_hidden", s.comm_hidden},
+          {"comm_exposed_ms", s.comm_exposed_ms},
           {"comm_bytes", static_cast<double>(s.comm_bytes)}};
       if (s.val_loss >= 0) fields.push_back({"val_loss", s.val_loss});
       metrics_->write(fields);

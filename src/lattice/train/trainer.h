@@ -42,10 +42,11 @@ namespace lattice::train {
 struct StepStats {
   int64_t step = 0;  // 1-based: the number of optimizer steps taken
   double loss = 0, lr = 0, grad_norm = 0, step_ms = 0, tokens_per_sec = 0, mfu = 0, val_loss = -1;
-  size_t peak_mem_bytes = 0;  // this rank's
-  // Data-parallel communication of the step (0 with one rank).
-  double comm_ms = 0;       // time the collectives ran
-  double comm_hidden = 1;   // share of it that overlapped computation
+  size_t peak_mem_bytes = 0;  // the largest of any rank's
+  // Data-parallel communication of the step (0 with one rank), rank 0's.
+  double comm_ms = 0;          // wall time the collectives ran on the communication thread
+  double comm_exposed_ms = 0;  // of which the compute thread waited for: the cost on the critical path
+  double comm_hidden = 1;      // 1 - exposed / ran
   uint64_t comm_bytes = 0;  // bytes this rank sent
 };
 
@@ -91,6 +92,8 @@ class Trainer {
  private:
   void print_header() const;
   void print_step(const StepStats& s) const;
+  StepStats train_step_unguarded();
+  int run_unguarded();
   // The signal number if any rank was asked to stop, else 0 (collective).
   int stop_requested();
 

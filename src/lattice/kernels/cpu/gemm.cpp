@@ -45,6 +45,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -364,6 +365,15 @@ double best_seconds(int reps, const Fn& fn) {
   return best;
 }
 
+GemmPaths available_gemm_paths() {
+  configure_dnnl_once();  // before anything asks oneDNN for its ISA
+  GemmPaths p;
+  p.dnnl_isa = dnnl_cpu_isa2str(dnnl_get_effective_cpu_isa());
+  if (p.dnnl_isa.rfind("cpu_isa_", 0) == 0) p.dnnl_isa = p.dnnl_isa.substr(8);
+  p.bf16_primitive_available = dnnl_bf16_matmul_available();
+  return p;
+}
+
 GemmPaths choose_gemm_paths() {
   configure_dnnl_once();  // before anything asks oneDNN for its ISA
   GemmPaths p;
@@ -399,9 +409,31 @@ GemmPaths choose_gemm_paths() {
 
 }  // namespace cpu
 
+namespace {
+std::mutex g_paths_mutex;
+std::unique_ptr<GemmPaths> g_paths;  // decided once: timed, or set by set_bf16_gemm_path
+}  // namespace
+
 const GemmPaths& gemm_paths() {
-  static const GemmPaths paths = cpu::choose_gemm_paths();
-  return paths;
+  std::lock_guard<std::mutex> lock(g_paths_mutex);
+  if (!g_paths) g_paths = std::make_unique<GemmPaths>(cpu::choose_gemm_paths());
+  return *g_paths;
+}
+
+void set_bf16_gemm_path(bool primitive, double measured_speedup) {
+  std::lock_guard<std::mutex> lock(g_paths_mutex);
+  if (g_paths) {
+    // A later job in the same process (tests run many) repeats the decision.
+    LATTICE_CHECK(g_paths->bf16_uses_primitive() == primitive,
+                  "set_bf16_gemm_path: this process already computes bf16 GEMMs with " << g_paths->bf16);
+    return;
+  }
+  GemmPaths p = cpu::available_gemm_paths();
+  LATTICE_CHECK(!primitive || p.bf16_primitive_available,
+                "set_bf16_gemm_path: oneDNN has no bf16 matmul kernel on this CPU (oneDNN ISA " << p.dnnl_isa << ")");
+  p.bf16_primitive_speedup = measured_speedup;
+  if (primitive) p.bf16 = "dnnl_matmul_bf16";
+  g_paths = std::make_unique<GemmPaths>(p);
 }
 
 std::string describe_gemm_paths() {

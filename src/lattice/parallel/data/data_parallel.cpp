@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <sstream>
 
 #include "lattice/core/error.h"
@@ -187,6 +188,15 @@ DataParallel::DataParallel(model::GPT& model, comm::Communicator& dp, const Data
 }
 
 DataParallel::~DataParallel() {
+  // Pending collectives touch the buffers below (destroyed before stream_):
+  // finish them first. (While an error unwinds a multi-rank job, the job is
+  // ended before this runs: Trainer calls comm::abort_job.)
+  if (std::uncaught_exceptions() == 0) {
+    try {
+      stream_->wait_all();
+    } catch (...) {
+    }
+  }
   if (model_.hooks() == this) model_.set_hooks(nullptr);
   if (embedding_) model_.set_tied_embedding(nullptr);
 }
