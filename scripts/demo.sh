@@ -41,11 +41,9 @@ train_cmd=("$lattice" train -c configs/demo.toml --set "checkpoint.dir=$run_dir"
            --set "log.metrics_file=$run_dir/metrics.jsonl" "${extra[@]}")
 if [[ "$ranks" -gt 1 ]]; then
   (( 16 % ranks == 0 )) || { echo "demo.sh: --ranks $ranks does not divide the demo's global batch of 16" >&2; exit 2; }
-  threads=$(( $(nproc) / ranks )); (( threads >= 1 )) || threads=1
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   mpiexec -n "$ranks" --oversubscribe --bind-to none "${train_cmd[@]}" --set "parallel.dp=$ranks" \
-    --set train.global_batch_size=16 --set "train.micro_batch_size=$((16 / ranks))" \
-    --set "train.threads=$threads" || [[ $? -eq 130 ]]
+    --set train.global_batch_size=16 --set "train.micro_batch_size=$((16 / ranks))" || [[ $? -eq 130 ]]
 else
   "${train_cmd[@]}" || [[ $? -eq 130 ]]
 fi

@@ -168,8 +168,9 @@ TEST(Gemm, Bf16GemmUsesAnAvailablePath) {
   if (!p.bf16_primitive_available) {
     EXPECT_FALSE(p.bf16_uses_primitive()) << describe_gemm_paths();
   }
-  if (p.bf16_uses_primitive()) {
-    EXPECT_GE(p.bf16_primitive_speedup, 1.2) << describe_gemm_paths();
+  const char* off = std::getenv("LATTICE_DNNL_BF16");
+  if (off && std::string(off) == "0") {
+    EXPECT_FALSE(p.bf16_uses_primitive()) << describe_gemm_paths();
   }
   expect_bf16_path_matches_double("bf16 " + std::string(p.bf16),
                                   [](const GemmCase& g, const uint16_t* A, const uint16_t* B, float* C) {

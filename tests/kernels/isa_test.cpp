@@ -6,6 +6,7 @@
 // says which levels this CPU could not run.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -141,6 +142,10 @@ class IsaScope {
 TEST(Isa, EveryLevelComputesTheSameAsBaseline) {
   IsaScope restore;
   test::ThreadScope threads(2);
+  // Each level must also differ from baseline somewhere, bit for bit: its
+  // wider vectors sum in another order and it fuses multiply-adds, so
+  // identical results everywhere would mean the level's code never ran.
+  std::vector<bool> differs(kIsaCount, false);
   for (const KernelCase& kc : kernel_cases()) {
     set_active_isa_for_testing(Isa::Baseline);
     std::vector<float> want_f;
@@ -155,7 +160,14 @@ TEST(Isa, EveryLevelComputesTheSameAsBaseline) {
       // SSE2): a rounding or two per operation, amplified a little by the
       // exp and division chains (cross-entropy, attention).
       test::expect_close(got, want, 1e-5, 1e-4, kc.name + " on " + isa_name(isa) + " vs baseline");
+      if (got.size() == want_f.size() && std::memcmp(got.data(), want_f.data(), got.size() * sizeof(float)) != 0)
+        differs[static_cast<int>(isa)] = true;
     }
+  }
+  for (Isa isa : runnable_isas()) {
+    if (isa == Isa::Baseline) continue;
+    EXPECT_TRUE(differs[static_cast<int>(isa)])
+        << isa_name(isa) << " computed every kernel bit-identically to baseline: its code did not run";
   }
   for (int i = kIsaCount - 1; i > static_cast<int>(detected_isa()); i--)
     std::printf("[   NOTE   ] this CPU (%s) cannot run %s: missing %zu feature(s); only its lower levels were "

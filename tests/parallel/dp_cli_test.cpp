@@ -251,7 +251,7 @@ TEST(DataParallelJob, BadInputNamesTheKey) {
                      dir / "note.log");
   note.wait(60);
   EXPECT_EQ(note.status, 0) << note.output();
-  EXPECT_TRUE(contains(note.output(), "note: parallel.zero_stage=2 with parallel.dp=1 has nothing to shard; the run "
-                                      "is the same as stage 0"))
+  EXPECT_TRUE(contains(note.output(), "note: parallel.zero_stage=2 with parallel.dp=1 shards over one rank: it runs "
+                                      "the stage's machinery and trains the same model as stage 0"))
       << note.output();
 }

@@ -70,6 +70,18 @@ fs::path shared_dir(const std::string& name) {
   return p;
 }
 
+// Rank 0 writes a shard of `n` random tokens below the vocabulary (101); every
+// rank returns once it is there.
+void write_shard(const fs::path& path, int n, uint64_t seed) {
+  if (world().rank() == 0) {
+    std::vector<uint16_t> tokens(static_cast<size_t>(n));
+    Rng rng(seed);
+    for (auto& t : tokens) t = static_cast<uint16_t>(rng.next_below(101));
+    data::write_shard(path.string(), tokens);
+  }
+  world().barrier();
+}
+
 io::RunConfig base_config() {
   io::RunConfig c;
   c.model.n_layer = 2;
@@ -117,6 +129,18 @@ struct RunResult {
   std::vector<std::vector<float>> params;  // full group buffers
 };
 
+// Every group's full parameters (gathered from the shards), on every rank.
+std::vector<std::vector<float>> full_params(train::Trainer& t) {
+  std::vector<std::vector<float>> out;
+  for (size_t g = 0; g < t.model().groups().size(); g++) {
+    std::vector<float> full(static_cast<size_t>(t.model().groups()[g].capacity()));
+    t.data_parallel().gather_full(g, parallel::DataParallel::State::Params, full.data());
+    full.resize(static_cast<size_t>(t.model().groups()[g].numel()));
+    out.push_back(std::move(full));
+  }
+  return out;
+}
+
 // Trains `cfg` on `ranks` (all of them run it); every rank returns the full
 // parameters.
 RunResult train(const io::RunConfig& cfg, comm::Communicator& ranks, int steps = kSteps) {
@@ -130,13 +154,22 @@ RunResult train(const io::RunConfig& cfg, comm::Communicator& ranks, int steps =
     r.losses.push_back(st.loss);
     r.norms.push_back(st.grad_norm);
   }
-  for (size_t g = 0; g < t.model().groups().size(); g++) {
-    std::vector<float> full(static_cast<size_t>(t.model().groups()[g].capacity()));
-    t.data_parallel().gather_full(g, parallel::DataParallel::State::Params, full.data());
-    full.resize(static_cast<size_t>(t.model().groups()[g].numel()));
-    r.params.push_back(std::move(full));
-  }
+  r.params = full_params(t);
   return r;
+}
+
+// Trains `cfg` on every rank for 5 steps and saves a checkpoint
+// (checkpoint.dir/step_000005), there for every rank on return.
+void save_after_five_steps(const io::RunConfig& cfg) {
+  {
+    train::TrainerOptions o;
+    o.print = false;
+    o.ranks = &world();
+    train::Trainer t(cfg, o);
+    for (int s = 0; s < 5; s++) t.train_step();
+    t.save_checkpoint();
+  }
+  world().barrier();  // rank 0 has written it
 }
 
 void expect_same_run(const RunResult& got, const RunResult& want, const std::string& what) {
@@ -175,11 +208,11 @@ TEST(DataParallel, EveryLayoutTrainsTheOneProcessModel) {
 }
 
 // Offload changes where the optimizer state lives, not the arithmetic: the
-// run is bit-identical to the same layout in memory (stages 0 and 3 on every
-// rank, stage 2 on one).
+// run is bit-identical to the same layout in memory (stages 0, 1 and 3 on
+// every rank, stage 2 on one).
 TEST(DataParallel, OffloadIsBitIdenticalToMemory) {
   const fs::path off = shared_dir("offload_bits");
-  for (int stage : {0, 3}) {
+  for (int stage : {0, 1, 3}) {
     const RunResult mem = train(layout(world().size(), stage, 2, false), world());
     const RunResult disk = train(layout(world().size(), stage, 2, true, off.string()), world());
     EXPECT_EQ(disk.losses, mem.losses) << "stage " << stage;
@@ -197,24 +230,92 @@ TEST(DataParallel, OffloadIsBitIdenticalToMemory) {
 // The same on token shards small enough that 10 steps cross several epochs.
 TEST(DataParallel, EpochBoundariesAreLayoutIndependent) {
   const fs::path dir = shared_dir("shards");
-  if (world().rank() == 0) {
-    // 40 sequences of T+1 = 17 tokens: 2 steps of 16 per epoch, 8 skipped.
-    std::vector<uint16_t> tokens(40 * 16 + 1);
-    Rng rng(7);
-    for (auto& t : tokens) t = static_cast<uint16_t>(rng.next_below(101));
-    data::write_shard((dir / "train_000.bin").string(), tokens);
-  }
-  world().barrier();
+  // 40 sequences of T+1 = 17 tokens: 2 steps of 16 per epoch, 8 skipped.
+  write_shard(dir / "train_000.bin", 40 * 16 + 1, 7);
   auto with_shards = [&](io::RunConfig c) {
     c.data.train = (dir / "train_*.bin").string();
     return c;
   };
   const RunResult want = train(with_shards(layout(1, 0, 1, false)), self());
-  for (int stage : {0, 2, 3})
+  for (int stage = 0; stage <= 3; stage++)
     for (int micro : {1, 2}) {
       const io::RunConfig c = with_shards(layout(world().size(), stage, micro, false));
       expect_same_run(train(c, world()), want, describe(c));
     }
+  const io::RunConfig c = with_shards(layout(world().size(), 1, 2, true, dir.string()));
+  expect_same_run(train(c, world()), want, describe(c));
+}
+
+// Evaluation is a layout-independent mean too: the val loss of every rank's
+// share of the val batches, reduced, equals the one-process evaluation
+// (before training and after steps 5 and 10, 3 val batches each; ZeRO-3
+// gathers the parameters for the forward passes only).
+TEST(DataParallel, EvaluationIsLayoutIndependent) {
+  const fs::path dir = shared_dir("eval");
+  write_shard(dir / "val_000.bin", 100 * 16 + 1, 11);
+  auto evaluate = [&](io::RunConfig c, comm::Communicator& ranks) {
+    c.data.val = (dir / "val_*.bin").string();
+    c.train.eval_steps = 3;
+    train::TrainerOptions o;
+    o.print = false;
+    o.ranks = &ranks;
+    train::Trainer t(c, o);
+    std::vector<double> val = {t.evaluate()};  // before training, and after steps 5 and 10
+    while (t.step() < kSteps) {
+      t.train_step();
+      if (t.step() % 5 == 0) val.push_back(t.evaluate());
+    }
+    return val;
+  };
+  const std::vector<double> want = evaluate(layout(1, 0, 1, false), self());
+  ASSERT_EQ(want.size(), 3u);
+  for (int stage : {0, 3})
+    for (int micro : {1, 2}) {
+      const io::RunConfig c = layout(world().size(), stage, micro, false);
+      const std::vector<double> got = evaluate(c, world());
+      ASSERT_EQ(got.size(), want.size()) << describe(c);
+      for (size_t i = 0; i < want.size(); i++)
+        EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << describe(c) << ", evaluation " << i + 1;
+    }
+}
+
+// A checkpoint is the full model and optimizer whatever wrote it: one saved
+// at each stage (and with offload) resumes at every other stage on the same
+// trajectory as the uninterrupted one-process run.
+TEST(DataParallel, CheckpointsMoveBetweenStages) {
+  const fs::path dir = shared_dir("stages");
+  const int n = world().size();
+  struct Layout {
+    int stage;
+    bool offload;
+    std::string name() const { return "zero=" + std::to_string(stage) + (offload ? " offload" : ""); }
+  };
+  const std::vector<Layout> layouts = {{0, false}, {1, false}, {2, false}, {3, false}, {3, true}};
+  auto config = [&](const Layout& l) { return layout(n, l.stage, 2, l.offload, dir.string()); };
+  for (size_t a = 0; a < layouts.size(); a++) {
+    io::RunConfig first = config(layouts[a]);
+    first.checkpoint.dir = (dir / ("from" + std::to_string(a))).string();
+    save_after_five_steps(first);
+    for (size_t b = 0; b < layouts.size(); b++) {
+      if (b == a) continue;
+      io::RunConfig c = config(layouts[b]);
+      c.checkpoint.resume = first.checkpoint.dir + "/step_000005";
+      train::TrainerOptions o;
+      o.print = false;
+      o.ranks = &world();
+      train::Trainer t(c, o);
+      RunResult got;
+      got.losses.assign(reference().losses.begin(), reference().losses.begin() + 5);
+      got.norms.assign(reference().norms.begin(), reference().norms.begin() + 5);
+      while (t.step() < kSteps) {
+        const train::StepStats st = t.train_step();
+        got.losses.push_back(st.loss);
+        got.norms.push_back(st.grad_norm);
+      }
+      got.params = full_params(t);
+      expect_same_run(got, reference(), "saved at " + layouts[a].name() + ", resumed at " + layouts[b].name());
+    }
+  }
 }
 
 // A run checkpointed at dp=n continues at dp=2 and at dp=1 on the same data
@@ -223,16 +324,7 @@ TEST(DataParallel, CheckpointResumesAtAnotherDataParallelSize) {
   const fs::path dir = shared_dir("resume");
   io::RunConfig first = layout(world().size(), 3, 1, false);
   first.checkpoint.dir = (dir / "run").string();
-  first.train.steps = kSteps;
-  {
-    train::TrainerOptions o;
-    o.print = false;
-    o.ranks = &world();
-    train::Trainer t(first, o);
-    for (int s = 0; s < 5; s++) t.train_step();
-    t.save_checkpoint();
-  }
-  world().barrier();  // rank 0 has written it
+  save_after_five_steps(first);
   const std::string step_dir = (dir / "run" / "step_000005").string();
   auto resume_on = [&](int dp, int stage, comm::Communicator& ranks) {
     io::RunConfig c = layout(dp, stage, 2, false);
@@ -263,49 +355,53 @@ TEST(DataParallel, CheckpointResumesAtAnotherDataParallelSize) {
 // Per-rank memory by category against the ZeRO paper's formulas, with this
 // implementation's stated buffers (data_parallel.h). Ψ = Σ of the groups'
 // capacities (their padded flat buffers).
+// Checked over every rank and over one (dp=1: the stages run their machinery
+// over one shard, which is the whole).
 TEST(DataParallel, MemoryPerRankMatchesTheFormulas) {
-  const int n = world().size();
-  for (int stage = 0; stage <= 3; stage++) {
-    train::TrainerOptions o;
-    o.print = false;
-    o.ranks = &world();
-    io::RunConfig c = layout(n, stage, 1, false);
-    train::Trainer t(c, o);
-    const parallel::ShardLayout& shard = t.data_parallel().layout();
-    double psi = 0, shard_psi = 0, largest_block = 0, emb = 0, fin = 0;
-    const auto& groups = t.model().groups();
-    for (size_t g = 0; g < groups.size(); g++) {
-      psi += static_cast<double>(groups[g].capacity());
-      shard_psi += static_cast<double>(shard.group(g).shard_numel());
+  for (comm::Communicator* ranks : {&world(), &self()}) {
+    for (int stage = 0; stage <= 3; stage++) {
+      const int n = ranks->size();
+      train::TrainerOptions o;
+      o.print = false;
+      o.ranks = ranks;
+      io::RunConfig c = layout(n, stage, 1, false);
+      train::Trainer t(c, o);
+      const parallel::ShardLayout& shard = t.data_parallel().layout();
+      double psi = 0, shard_psi = 0, largest_block = 0, emb = 0, fin = 0;
+      const auto& groups = t.model().groups();
+      for (size_t g = 0; g < groups.size(); g++) {
+        psi += static_cast<double>(groups[g].capacity());
+        shard_psi += static_cast<double>(shard.group(g).shard_numel());
+      }
+      // Borrowed buffers of stages 2-3: two chunks of the embedding (it is never
+      // whole: sharded_embedding.h), one ln_f, and two blocks of parameters
+      // (one in use, one prefetched) or one of gradients.
+      emb = 2 * static_cast<double>(shard.group(0).chunk_numel());
+      fin = static_cast<double>(groups.back().capacity());
+      largest_block = static_cast<double>(groups[1].capacity());
+      const double borrowed_params = emb + 2 * largest_block + fin, borrowed_grads = emb + largest_block + fin;
+      // The model's construction (initialisation on every rank) is not
+      // training memory: peaks count from here.
+      MemoryTracker::instance().reset_peaks();
+      for (int s = 0; s < 2; s++) t.train_step();
+      const MemoryTracker& m = MemoryTracker::instance();
+      const double params = static_cast<double>(m.peak(MemCategory::Params)) / 4;
+      const double grads = static_cast<double>(m.peak(MemCategory::Grads)) / 4;
+      const double optim = static_cast<double>(m.peak(MemCategory::Optimizer)) / 4;
+      double want_params = psi, want_grads = psi, want_optim = 2 * psi;  // stage 0: 16Ψ bytes
+      if (stage >= 1) want_optim = 2 * shard_psi;                        // 8Ψ + 8Ψ/n
+      if (stage >= 2) want_grads = shard_psi + borrowed_grads;           // 4Ψ + 12Ψ/n
+      if (stage >= 3) want_params = shard_psi + borrowed_params;         // 16Ψ/n
+      const double textbook[4] = {16 * psi, 8 * psi + 8 * psi / n, 4 * psi + 12 * psi / n, 16 * psi / n};
+      if (world().rank() == 0)
+        std::printf("[ memory ] dp=%d stage %d: params %.0f grads %.0f optimizer %.0f floats; expected %.0f %.0f %.0f "
+                    "(ZeRO formula %.0f bytes of model state, measured %.0f)\n",
+                    n, stage, params, grads, optim, want_params, want_grads, want_optim, textbook[stage],
+                    4 * (params + grads + optim));
+      EXPECT_NEAR(params, want_params, 0.1 * want_params) << "stage " << stage;
+      EXPECT_NEAR(grads, want_grads, 0.1 * want_grads) << "stage " << stage;
+      EXPECT_NEAR(optim, want_optim, 0.1 * want_optim) << "stage " << stage;
     }
-    // Borrowed buffers of stages 2-3: two chunks of the embedding (it is never
-    // whole: sharded_embedding.h), one ln_f, and two blocks of parameters
-    // (one in use, one prefetched) or one of gradients.
-    emb = 2 * static_cast<double>(shard.group(0).chunk_numel());
-    fin = static_cast<double>(groups.back().capacity());
-    largest_block = static_cast<double>(groups[1].capacity());
-    const double borrowed_params = emb + 2 * largest_block + fin, borrowed_grads = emb + largest_block + fin;
-    // The model's construction (initialisation on every rank) is not
-    // training memory: peaks count from here.
-    MemoryTracker::instance().reset_peaks();
-    for (int s = 0; s < 2; s++) t.train_step();
-    const MemoryTracker& m = MemoryTracker::instance();
-    const double params = static_cast<double>(m.peak(MemCategory::Params)) / 4;
-    const double grads = static_cast<double>(m.peak(MemCategory::Grads)) / 4;
-    const double optim = static_cast<double>(m.peak(MemCategory::Optimizer)) / 4;
-    double want_params = psi, want_grads = psi, want_optim = 2 * psi;  // stage 0: 16Ψ bytes
-    if (stage >= 1) want_optim = 2 * shard_psi;                        // 8Ψ + 8Ψ/n
-    if (stage >= 2) want_grads = shard_psi + borrowed_grads;           // 4Ψ + 12Ψ/n
-    if (stage >= 3) want_params = shard_psi + borrowed_params;         // 16Ψ/n
-    const double textbook[4] = {16 * psi, 8 * psi + 8 * psi / n, 4 * psi + 12 * psi / n, 16 * psi / n};
-    if (world().rank() == 0)
-      std::printf("[ memory ] dp=%d stage %d: params %.0f grads %.0f optimizer %.0f floats; expected %.0f %.0f %.0f "
-                  "(ZeRO formula %.0f bytes of model state, measured %.0f)\n",
-                  n, stage, params, grads, optim, want_params, want_grads, want_optim, textbook[stage],
-                  4 * (params + grads + optim));
-    EXPECT_NEAR(params, want_params, 0.1 * want_params) << "stage " << stage;
-    EXPECT_NEAR(grads, want_grads, 0.1 * want_grads) << "stage " << stage;
-    EXPECT_NEAR(optim, want_optim, 0.1 * want_optim) << "stage " << stage;
   }
 }
 

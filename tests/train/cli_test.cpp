@@ -171,3 +171,23 @@ TEST(Cli, MultiRankRefusalsReachEveryRank) {
             std::string::npos)
       << r.output;
 }
+
+// More threads than the machine's cores is allowed (correctness runs), but
+// the banner says why such a run is slow and what to set instead; threads=0
+// shares the cores among the node's ranks.
+TEST(Cli, OversubscribedThreadsAreReported) {
+  const int cores = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  const fs::path dir = scratch("threads");
+  const std::string common = "train " + kTiny + "--set train.steps=1 --set checkpoint.dir=" + (dir / "run").string();
+  Result r = run(common + " --set train.threads=" + std::to_string(2 * cores));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: 1 ranks x " + std::to_string(2 * cores) + " threads on this node's " +
+                          std::to_string(cores) + " cores"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("set train.threads=" + std::to_string(cores)), std::string::npos) << r.output;
+  r = run(common + " --set train.threads=0");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("warning:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(std::to_string(cores) + " threads per rank"), std::string::npos) << r.output;
+}

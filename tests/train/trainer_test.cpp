@@ -16,6 +16,7 @@
 #include "lattice/io/config.h"
 #include "lattice/io/metrics.h"
 #include "lattice/io/safetensors.h"
+#include "lattice/train/batches.h"
 #include "lattice/train/checkpointing.h"
 #include "lattice/train/model_io.h"
 #include "lattice/train/trainer.h"
@@ -176,15 +177,19 @@ static std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
-TEST(Trainer, RefusesModelMismatchAndCorruptCheckpoints) {
-  fs::path dir = scratch("mismatch");
+// Trains tiny_run() for 2 steps with its checkpoints in dir/run; returns its config.
+static io::RunConfig run_two_steps(const fs::path& dir) {
   io::RunConfig cfg = tiny_run();
   cfg.train.steps = 2;
   cfg.checkpoint.dir = (dir / "run").string();
-  {
-    train::Trainer t(cfg, {false});
-    t.run();
-  }
+  train::Trainer t(cfg, {false});
+  t.run();
+  return cfg;
+}
+
+TEST(Trainer, RefusesModelMismatchAndCorruptCheckpoints) {
+  fs::path dir = scratch("mismatch");
+  io::RunConfig cfg = run_two_steps(dir);
   io::RunConfig other = cfg;
   other.model.n_embd = 64;
   other.checkpoint.resume = "latest";
@@ -214,6 +219,30 @@ TEST(Trainer, RefusesModelMismatchAndCorruptCheckpoints) {
   fs::create_directories(none.checkpoint.dir);
   msg = error_of([&] { train::Trainer t(none, {false}); });
   EXPECT_NE(msg.find("no checkpoint found"), std::string::npos) << msg;
+}
+
+// A data position counts steps of one global batch: resuming it under
+// another global batch would read other samples, so it is refused with the
+// setting that continues the stream. Positions saved before the global batch
+// was recorded counted micro-batches: they resume only at one per step.
+TEST(Trainer, RefusesADataPositionOfAnotherGlobalBatch) {
+  fs::path dir = scratch("global_batch");
+  io::RunConfig cfg = run_two_steps(dir);  // 2 sequences x 2 micro-batches
+  io::RunConfig other = cfg;
+  other.train.grad_accum_steps = 1;
+  other.train.steps = 4;
+  other.checkpoint.resume = "latest";
+  std::string msg = error_of([&] { train::Trainer t(other, {false}); });
+  EXPECT_NE(msg.find("counts steps of 4 sequences but this run's global batch is 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("resume with train.global_batch_size=4"), std::string::npos) << msg;
+
+  io::JsonValue legacy = io::JsonValue::object();
+  legacy.set("kind", io::JsonValue::string("synthetic"));
+  EXPECT_NO_THROW(train::check_global_batch(legacy, 4, 1));
+  msg = error_of([&] { train::check_global_batch(legacy, 4, 2); });
+  EXPECT_NE(msg.find("predates global batches"), std::string::npos) << msg;
+  legacy.set("global_batch", io::JsonValue::integer(4));
+  EXPECT_NO_THROW(train::check_global_batch(legacy, 4, 2));
 }
 
 TEST(Trainer, InitFromLoadsHfWeights) {

@@ -7,5 +7,8 @@ namespace lattice {
 // (OpenMP and the GEMM library). n <= 0 means "all cores".
 void set_num_threads(int n);
 int num_threads();
+// Cores online on this machine, whatever this process's affinity mask allows
+// (omp_get_num_procs() counts the mask: mpiexec's binding shows there).
+int node_cores();
 
 }  // namespace lattice

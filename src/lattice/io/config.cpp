@@ -154,7 +154,7 @@ const std::vector<Key>& keys() {
                                                   "evaluate on data.val every N steps (0 = never)"),
         key<&R::train, &TrainSection::eval_steps>("train", "eval_steps", at_least(1), "batches per evaluation"),
         key<&R::train, &TrainSection::threads>("train", "threads", at_least(0),
-                                               "CPU threads per process (0 = all cores)"),
+                                               "CPU threads per process (0 = the node's cores shared among its ranks)"),
 
         key<&R::optim, &OptimSection::lr>("optim", "lr", at_least(0), "peak learning rate (reached after warmup)"),
         key<&R::optim, &OptimSection::min_lr>("optim", "min_lr", at_least(0),

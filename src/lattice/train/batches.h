@@ -48,8 +48,10 @@ std::unique_ptr<BatchSource> make_shard_source(const std::string& pattern, const
 // is determined, so a working model drives the loss towards (the cost of the
 // first two positions)/T.
 // Refuses to continue a saved position (state() of either source) under
-// another global batch, with a message that says how to resume.
-void check_global_batch(const io::JsonValue& state, int64_t global);
+// another global batch, with a message that says how to resume; a position
+// saved before global batches were recorded resumes only at one micro-batch
+// per step (it counted micro-batches).
+void check_global_batch(const io::JsonValue& state, int64_t global, int micro_batches);
 
 std::unique_ptr<BatchSource> make_synthetic_source(const BatchLayout& layout, int vocab_size, uint64_t seed,
                                                    uint64_t stream);

@@ -8,7 +8,7 @@ namespace {
 
 class ShardSource : public BatchSource {
  public:
-  ShardSource(const data::LoaderOptions& o) : pattern_(o.pattern), loader_(o) {}
+  ShardSource(const data::LoaderOptions& o) : pattern_(o.pattern), micro_batches_(o.micro_batches), loader_(o) {}
   void next(int32_t* inputs, int32_t* targets) override { loader_.next_batch(inputs, targets); }
   void reset() override { loader_.reset(); }
   io::JsonValue state() const override {
@@ -27,7 +27,7 @@ class ShardSource : public BatchSource {
     data::DataLoader::State st{};
     LATTICE_CHECK(s.at("epoch").get_u64(&st.epoch) && s.at("position").get_u64(&st.position),
                   "checkpoint loader position is not a pair of integers");
-    check_global_batch(s, loader_.global_batch());
+    check_global_batch(s, loader_.global_batch(), micro_batches_);
     loader_.restore(st);
   }
   std::string describe() const override {
@@ -38,18 +38,27 @@ class ShardSource : public BatchSource {
 
  private:
   std::string pattern_;
+  int micro_batches_;
   data::DataLoader loader_;
 };
 
 }  // namespace
 
-void check_global_batch(const io::JsonValue& state, int64_t global) {
+void check_global_batch(const io::JsonValue& state, int64_t global, int micro_batches) {
   // Positions count steps of one global batch. A checkpoint from before
   // global batches were recorded counted micro-batches of dp × B, which is the
-  // same thing when each step had one micro-batch.
+  // same thing only when each step has one micro-batch.
   int64_t saved = 0;
   const io::JsonValue* g = state.find("global_batch");
-  if (!g) return;
+  if (!g) {
+    LATTICE_CHECK(micro_batches == 1,
+                  "the checkpoint's data position predates global batches (it counts micro-batches, not steps) "
+                  "and this run takes "
+                      << micro_batches
+                      << " micro-batches per step; resume it with train.global_batch_size = parallel.dp x "
+                         "train.micro_batch_size (one micro-batch per step)");
+    return;
+  }
   LATTICE_CHECK(g->get_i64(&saved), "checkpoint loader field 'global_batch' is not an integer");
   LATTICE_CHECK(saved == global, "the checkpoint's data position counts steps of "
                                      << saved << " sequences but this run's global batch is " << global

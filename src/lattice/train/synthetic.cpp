@@ -42,7 +42,7 @@ class SyntheticSource : public BatchSource {
                   "checkpoint was saved with data from '" << s.at("kind").as_string()
                                                           << "' but this run uses synthetic tokens (data.train is empty)");
     LATTICE_CHECK(s.at("batch").get_u64(&step_), "checkpoint loader position 'batch' is not an integer");
-    check_global_batch(s, layout_.global());
+    check_global_batch(s, layout_.global(), layout_.micro_batches);
     micro_ = 0;
   }
   std::string describe() const override {

@@ -99,7 +99,20 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   micro_batches_ = io::micro_batches_per_step(config_);
   if (config_.zero.offload == "disk") parallel::check_offload_dir(config_.zero.offload_dir);
 
-  set_num_threads(config_.train.threads);
+  // Threads: train.threads, or (0) this node's cores shared among its ranks.
+  const int local_ranks = [&] {
+    const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const int n = env ? std::atoi(env) : 0;
+    return n > 0 ? n : ranks;
+  }();
+  // A rank that mpiexec bound to some cores (its affinity mask) uses those;
+  // an unbound one shares the node's with the node's other ranks.
+  const int cores = node_cores(), mine = omp_get_num_procs();
+  bound_ = mine < cores;
+  cpus_ = bound_ ? mine : std::max(1, cores / local_ranks);
+  set_num_threads(config_.train.threads > 0 ? config_.train.threads : cpus_);
+  oversubscribed_ = bound_ ? num_threads() > mine : num_threads() * local_ranks > cores;
+  local_ranks_ = local_ranks;
   if (mesh_->world().size() > 1) {
     // One decision for the job: rank 0 times the bf16 GEMM paths.
     double choice[2] = {0, 0};
@@ -113,12 +126,7 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   }
   // MFU is relative to this CPU's measured fp32 peak (machine.h), at the
   // number of threads this node's ranks run at once (the all-core clock).
-  const int local_ranks = [&] {
-    const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    const int n = env ? std::atoi(env) : 0;
-    return n > 0 ? n : ranks;
-  }();
-  peak_ = train::machine_peak(num_threads(), std::min(num_threads() * local_ranks, omp_get_num_procs()), ranks == 1);
+  peak_ = train::machine_peak(num_threads(), std::min(num_threads() * local_ranks, cores), ranks == 1);
   peak_flops_ = peak_.fp32_gflops_per_core * 1e9 * num_threads();
 
   const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
@@ -321,10 +329,30 @@ void Trainer::print_header() const {
               config_.train.micro_batch_size, m.seq_len, micro_batches_, config_.parallel.dp,
               static_cast<long long>(io::global_batch_size(config_) * m.seq_len),
               static_cast<long long>(config_.train.steps), num_threads());
+  if (oversubscribed_) {
+    const int cores = node_cores();
+    if (bound_)
+      std::printf("lattice: warning: %d threads per rank on the %d core(s) mpiexec bound each rank to: threads wait "
+                  "for each other's cores and a step can take many times longer; set train.threads=%d (or 0), or "
+                  "start with mpiexec --bind-to none\n",
+                  num_threads(), cpus_, cpus_);
+    else if (local_ranks_ > cores)
+      std::printf("lattice: warning: %d ranks on this node's %d cores: they take turns, so steps are slow and time "
+                  "figures mean nothing (fine for checking correctness)\n",
+                  local_ranks_, cores);
+    else
+      std::printf("lattice: warning: %d ranks x %d threads on this node's %d cores: threads wait for each other's "
+                  "cores and a step can take many times longer; set train.threads=%d (or 0 to share the cores)\n",
+                  local_ranks_, num_threads(), cores, cpus_);
+  } else if (bound_ && local_ranks_ * cpus_ < node_cores()) {
+    std::printf("lattice: note: mpiexec bound each rank to %d of this node's %d cores, leaving %d idle; "
+                "mpiexec --bind-to none lets the ranks share them all\n",
+                cpus_, node_cores(), node_cores() - local_ranks_ * cpus_);
+  }
   std::printf("lattice: %s\n", dp_->describe().c_str());
   if (config_.parallel.zero_stage > 0 && config_.parallel.dp == 1)
-    std::printf("lattice: note: parallel.zero_stage=%d with parallel.dp=1 has nothing to shard; the run is the "
-                "same as stage 0%s\n",
+    std::printf("lattice: note: parallel.zero_stage=%d with parallel.dp=1 shards over one rank: it runs the "
+                "stage's machinery and trains the same model as stage 0%s\n",
                 config_.parallel.zero_stage, config_.zero.offload == "disk" ? " (the offload still applies)" : "");
   std::printf("lattice: data %s\n", train_data_->describe().c_str());
   if (val_data_ && config_.train.eval_every > 0)

@@ -113,6 +113,10 @@ class Trainer {
   double peak_flops_ = 0;
   MachinePeak peak_;
   bool is_root_ = true;
+  bool oversubscribed_ = false;  // this node runs more threads than it has cores
+  int local_ranks_ = 1;          // ranks of this job on this node
+  bool bound_ = false;           // mpiexec bound this rank to some of the node's cores
+  int cpus_ = 1;                 // cores this rank may use (its binding, or its share of the node)
 };
 
 // Rewrites a metrics JSONL file without the lines whose "step" is past `step`

@@ -111,10 +111,12 @@ class CommStream {
   const Progress progress_;
   Ticket posted_ = 0;
 
-  // Thread mode: shared with the worker, which holds its own reference so
-  // that a stream destroyed while an exception unwinds (the job is about to
-  // be aborted) can leave a worker blocked in MPI behind without a dangling
-  // pointer.
+  // Thread mode: shared with the worker, which holds its own reference, so
+  // that a stream destroyed while an exception unwinds can detach a worker
+  // blocked in MPI and the queue and flags it reads stay valid. The buffers
+  // of the collective it is in do not: an unwinding multi-rank job must end
+  // before they are freed, which the Trainer ensures (comm::abort_job before
+  // rethrowing); on the normal path ~DataParallel waits for the stream.
   struct Shared {
     std::mutex mutex;
     std::condition_variable cv;

@@ -28,7 +28,10 @@
 // Bytes each rank sends per step (one micro-batch): stages 0-2 2Ψ(n-1)/n
 // (an all-reduce is a reduce-scatter plus an all-gather), stage 3 3Ψ(n-1)/n.
 // Stages 2-3 reduce every micro-batch (their full gradient never exists);
-// stages 0-1 only the last.
+// stages 0-1 only the last. Plus the embedding's sparse exchange of the
+// lookup's gradient rows and tokens, (n-1)·B·T·(C+1) floats: once per step
+// at stages 0-1, every micro-batch at stage 2, twice per micro-batch at
+// stage 3 (the lookup's rows too). tests/parallel/dp_test.cpp checks all of it.
 //
 // Offload (zero.offload = disk): the optimizer state (and at stage 3 the
 // parameter shard) is kept in a DiskStore instead of memory.
@@ -146,7 +149,9 @@ class DataParallel final : public model::GroupHooks {
   std::unique_ptr<CommStream> stream_;
   std::unique_ptr<optim::AdamW> optimizer_;
   std::unique_ptr<Pool> param_pool_, grad_pool_;
-  std::unique_ptr<ShardedEmbedding> embedding_;  // stages 2-3: the embedding group, piece by piece
+  // The embedding group, piece by piece: at stages 2-3 always (sharded), at
+  // stages 0-1 with more than one rank (its gradient reduced early); else null.
+  std::unique_ptr<ShardedEmbedding> embedding_;
   Buffer embedding_staging_;                      // stage 3 with offload: the embedding's shard, read from disk
   std::vector<Buffer> shard_grads_;  // stages 2-3: this rank's gradient slices per group
   std::vector<uint8_t> shard_grad_written_;

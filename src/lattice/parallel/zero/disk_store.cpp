@@ -148,7 +148,9 @@ class DiskStore final : public optim::StateStore {
     window_ = std::min(window_, padded_);
     for (int a = 0; a < arrays; a++) {
       files_.push_back(std::make_unique<StateFile>(
-          dir + "/lattice-rank" + std::to_string(rank) + "-" + kArrayName[a] + ".bin", padded_));
+          dir + "/lattice-pid" + std::to_string(::getpid()) + "-rank" + std::to_string(rank) + "-" + kArrayName[a] +
+              ".bin",
+          padded_));
       for (int b = 0; b < 3; b++)
         buffers_[b].emplace_back(static_cast<size_t>(window_) * sizeof(float), MemCategory::Optimizer,
                                  static_cast<size_t>(kAlignBytes));

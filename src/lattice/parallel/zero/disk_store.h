@@ -25,7 +25,8 @@
 namespace lattice::parallel {
 
 // `dir` must exist and be writable (checked, with a message naming it).
-// Files: dir/lattice-rank<R>-{m,v,p}.bin, created (truncated) here, zeros.
+// Files: dir/lattice-pid<P>-rank<R>-{m,v,p}.bin (the pid keeps two jobs that
+// share a directory apart), created (truncated) here, zeros.
 // `window_bytes` bounds the resident memory (all arrays, all buffers).
 std::unique_ptr<optim::StateStore> make_disk_store(const std::string& dir, int rank, int64_t numel, int arrays,
                                                    double window_bytes);

@@ -179,9 +179,11 @@ void ShardedEmbedding::add_to_owned(float* dst, int64_t row, const float* values
 
 void ShardedEmbedding::exchange_tokens(const int32_t* tokens, int64_t count) {
   const int n = shard_.ranks;
-  std::vector<float> mine(tokens, tokens + count);  // token ids < 2^24 are exact floats
   tokens_all_.ensure(static_cast<size_t>(n * count) * sizeof(float), MemCategory::Comm);
-  stream_.wait(stream_.all_gather(mine.data(), tokens_all_.as<float>(), static_cast<size_t>(count), "tokens"));
+  // Gathered in place: this rank's ids go to its own slot (ids < 2^24 are exact floats).
+  float* mine = tokens_all_.as<float>() + static_cast<int64_t>(shard_.rank) * count;
+  for (int64_t i = 0; i < count; i++) mine[i] = static_cast<float>(tokens[i]);
+  stream_.wait(stream_.all_gather(mine, tokens_all_.as<float>(), static_cast<size_t>(count), "tokens"));
 }
 
 void ShardedEmbedding::lookup(float* x, const int32_t* tokens, int B, int T, int first_position) {

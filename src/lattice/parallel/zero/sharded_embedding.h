@@ -26,14 +26,15 @@
 // for the sparse exchanges. At stage 2 the parameters are whole on every
 // rank, so the forward and the head's input gradient use them directly.
 //
-// Stages 0-1 (Gradients::Whole) use it for the timing alone: the embedding's
-// gradient is final only after the lookup's scatter-add at the very end of
-// the backward, so reducing the whole group then would sit on the critical
-// path. Instead, on the last micro-batch of a step, the group's chunks are
-// reduced (all-reduce, or reduce-scatter at stage 1) right after the head's
-// share is added, overlapping the whole backward, and the lookup's share is
-// exchanged sparsely at the end and added by every rank (stage 0) or by each
-// slice's owner (stage 1). Earlier micro-batches accumulate locally.
+// Stages 0-1 (Gradients::AllReduce, Gradients::Scatter; only with more than
+// one rank) use it for the timing alone: the embedding's gradient is final
+// only after the lookup's scatter-add at the very end of the backward, so
+// reducing the whole group then would sit on the critical path. Instead, on
+// the last micro-batch of a step, the group's chunks are reduced (all-reduce,
+// or reduce-scatter at stage 1) right after the head's share is added,
+// overlapping the whole backward, and the lookup's share is exchanged
+// sparsely at the end and added by every rank (stage 0) or by each slice's
+// owner (stage 1). Earlier micro-batches accumulate locally.
 #pragma once
 
 #include <cstdint>
@@ -90,7 +91,7 @@ class ShardedEmbedding final : public model::TiedEmbedding {
   // dst += the elements of `values` (flat row `row`) this rank owns; dst is
   // its shard, or with `home` the group's whole buffer (owned positions only).
   void add_to_owned(float* dst, int64_t row, const float* values, bool home = false) const;
-  // The group's own gradient buffer, the head's share accumulated (Whole modes).
+  // The group's own gradient buffer, the head's share accumulated (AllReduce, Scatter).
   void head_weight_into_group(const float* dlogits, const float* lnf, int64_t N);
   void lookup_into_group(const float* dx, const int32_t* tokens, int B, int T);
   // Exchanges (token, dx row) pairs of every rank into tokens_all_ / rows_.
