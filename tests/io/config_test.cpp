@@ -94,7 +94,7 @@ metrics_file = "runs/m.jsonl"
 
 TEST(Config, OverridesAreTypedByTheKey) {
   RunConfig c = parse("[train]\nsteps = 50\n",
-                      {"train.steps=10", "parallel.sequence_parallel=true", "data.train=data/*.bin",
+                      {"train.steps=10", "parallel.tp=2", "parallel.sequence_parallel=true", "data.train=data/*.bin",
                        "optim.lr=3e-4", "optim.min_lr=1e-5", "precision.loss_scale=dynamic", "precision.compute=f16",
                        "data.val=\"quoted/*.bin\"", "checkpoint.dir=", "parallel.bucket_mb=2"});
   EXPECT_EQ(c.train.steps, 10);  // override wins over the file
@@ -205,6 +205,7 @@ TEST(Config, ToTomlRoundTripsExactly) {
   c.optim.min_lr = 1e-10;
   c.optim.eps = 1e-8;
   c.parallel.bucket_mb = 25;
+  c.parallel.tp = 4;
   c.parallel.sequence_parallel = true;
   c.precision.loss_scale = 128;
   c.data.train = "a \"quoted\" \\ path\twith\ncontrol \x01 chars and \xc3\xa9";

@@ -165,9 +165,9 @@ TEST(Cli, MultiRankRefusalsReachEveryRank) {
                                                 "does not equal the 2 ranks"),
               std::string::npos)
         << r.output;
-  r = mpirun("train " + kTiny + "--set parallel.tp=2");
+  r = mpirun("train " + kTiny + "--set parallel.pp=2");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.output.find("parallel.tp=2: tensor parallelism is not implemented yet; set parallel.tp=1"),
+  EXPECT_NE(r.output.find("parallel.pp=2: pipeline parallelism is not implemented yet; set parallel.pp=1"),
             std::string::npos)
       << r.output;
 }

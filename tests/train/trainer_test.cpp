@@ -264,6 +264,30 @@ TEST(Trainer, InitFromLoadsHfWeights) {
   EXPECT_NE(msg.find("no tensor 'h.2.ln_1.weight'"), std::string::npos) << msg;
 }
 
+// Tensor and sequence parallelism cut heads, MLP columns and micro-batch rows
+// into equal pieces: a degree that cannot is refused naming the keys, before
+// any rank starts. (4·n_embd is a multiple of n_head, which n_embd already is,
+// so a tp dividing n_head divides 4·n_embd too: the first check is the one met.)
+TEST(Trainer, RefusesTensorParallelDegreesThatCannotCutTheModel) {
+  io::RunConfig cfg = tiny_run();
+  cfg.model.n_head = 6;
+  cfg.model.n_embd = 48;
+  cfg.parallel.tp = 4;
+  EXPECT_EQ(error_of([&] { train::Trainer t(cfg, {false}); }),
+            "parallel.tp=4 does not divide model.n_head=6: tensor parallelism gives each rank whole attention heads");
+  cfg = tiny_run();
+  cfg.model.n_head = 4;
+  cfg.model.seq_len = 18;
+  cfg.parallel.tp = 4;
+  cfg.parallel.sequence_parallel = true;
+  EXPECT_EQ(error_of([&] { train::Trainer t(cfg, {false}); }),
+            "parallel.sequence_parallel=true needs model.seq_len=18 divisible by parallel.tp=4");
+  cfg.parallel.tp = 1;
+  EXPECT_EQ(error_of([&] { train::Trainer t(cfg, {false}); }),
+            "parallel.sequence_parallel=true needs parallel.tp > 1: it splits the sequence over the tensor-parallel "
+            "group (parallel.tp=1)");
+}
+
 TEST(Trainer, RefusesMeshMismatchAndUnimplementedFeatures) {
   io::RunConfig cfg = tiny_run();
   cfg.parallel.tp = 2;
@@ -278,7 +302,6 @@ TEST(Trainer, RefusesMeshMismatchAndUnimplementedFeatures) {
             "precision.compute at its default (\"f32\")");
   // Every key whose feature has not landed is refused, never ignored.
   const std::vector<std::pair<std::function<void(io::RunConfig&)>, std::string>> pending = {
-      {[](io::RunConfig& c) { c.parallel.sequence_parallel = true; }, "parallel.sequence_parallel=true"},
       {[](io::RunConfig& c) { c.parallel.schedule = "gpipe"; }, "parallel.schedule=\"gpipe\""},
       {[](io::RunConfig& c) { c.parallel.virtual_stages = 2; }, "parallel.virtual_stages=2"},
       {[](io::RunConfig& c) { c.parallel.microbatches = 4; }, "set train.grad_accum_steps instead"},

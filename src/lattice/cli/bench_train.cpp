@@ -23,8 +23,9 @@ static const char* kBenchTrainHelp =
     "usage: lattice bench train [-c CONFIG] [--set key=value ...] [--steps S] [--warmup W] [--json]\n"
     "\n"
     "Times S training steps (after W untimed warm-up steps) on synthetic tokens.\n"
-    "Under mpiexec with --set parallel.dp=N it times the data-parallel job (rank 0\n"
-    "prints: tokens/s of the whole job, this rank's memory by category, communication).\n"
+    "Under mpiexec with --set parallel.dp=N (and/or parallel.tp=N) it times the parallel\n"
+    "job (rank 0 prints: tokens/s of the whole job, this rank's memory by category,\n"
+    "communication).\n"
     "Defaults: GPT-2 124M, the config's batch, --steps 5 --warmup 2. Model FLOPs per\n"
     "token = 6*(N - wpe) + 12*L*C*T (see ModelConfig::flops_per_token).\n";
 
@@ -60,16 +61,17 @@ static int bench_train(const std::vector<std::string>& args) {
   train::Trainer trainer(cfg, train::TrainerOptions{false});
   for (long long i = 0; i < warmup; i++) trainer.train_step();
   std::vector<double> ms;
-  double comm_ms = 0, hidden = 0;
-  uint64_t comm_bytes = 0;
+  double comm_ms = 0, hidden = 0, tp_ms = 0;
+  uint64_t comm_bytes = 0, tp_bytes = 0;
   Timer total;
   for (long long i = 0; i < steps; i++) {
     const train::StepStats st = trainer.train_step();
     ms.push_back(st.step_ms);
     comm_ms += st.comm_ms, hidden += st.comm_hidden, comm_bytes += st.comm_bytes;
+    tp_ms += st.tp_comm_ms, tp_bytes += st.tp_comm_bytes;
   }
   const double seconds = total.seconds();
-  const int ranks = trainer.data_parallel().ranks();
+  const int ranks = trainer.mesh().world().size(), dp = trainer.data_parallel().ranks();
   const double tokens = static_cast<double>(io::global_batch_size(cfg)) * cfg.model.seq_len * steps;
   model::ModelConfig mc = trainer.model().config();
   const double tok_s = tokens / seconds;
@@ -89,23 +91,32 @@ static int bench_train(const std::vector<std::string>& args) {
         "\"tokens_per_sec\":%.3f,\"step_ms\":%.3f,\"step_ms_median\":%.3f,\"model_flops_per_sec\":%.6e,"
         "\"mfu\":%.4f,\"peak_gflops_per_core\":%.3f,\"comm_ms\":%.3f,\"comm_hidden\":%.4f,"
         "\"comm_bytes_per_step\":%.0f,\"peak_mem_bytes\":%zu,\"params_bytes\":%zu,\"grads_bytes\":%zu,"
-        "\"optimizer_bytes\":%zu,\"activations_bytes\":%zu,\"model_state_bytes\":%.0f,\"cpu\":%s,\"isa\":\"%s\"}\n",
+        "\"optimizer_bytes\":%zu,\"activations_bytes\":%zu,\"model_state_bytes\":%.0f,\"dp\":%d,\"tp\":%d,"
+        "\"sequence_parallel\":%s,\"tp_comm_ms\":%.3f,\"tp_comm_bytes_per_step\":%.0f,"
+        "\"stored_activation_bytes\":%zu,\"cpu\":%s,\"isa\":\"%s\"}\n",
         mc.n_layer, mc.n_head, mc.n_embd, mc.vocab_size, cfg.train.micro_batch_size, cfg.model.seq_len,
         num_threads(), ranks, cfg.parallel.zero_stage, cfg.zero.offload.c_str(), steps, tok_s, 1e3 * seconds / steps,
         ms[ms.size() / 2], flops, mfu, trainer.machine_peak().fp32_gflops_per_core, comm_ms / steps, hidden / steps,
         static_cast<double>(comm_bytes) / steps, mem.peak_total(), mem.peak(MemCategory::Params),
         mem.peak(MemCategory::Grads), mem.peak(MemCategory::Optimizer), mem.peak(MemCategory::Activations),
-        model_state, io::json_quote(cpu_info().model).c_str(), isa_name(active_isa()));
+        model_state, dp, cfg.parallel.tp, cfg.parallel.sequence_parallel ? "true" : "false", tp_ms / steps,
+        static_cast<double>(tp_bytes) / steps,
+        trainer.model().stored_activation_bytes(cfg.train.micro_batch_size, cfg.model.seq_len),
+        io::json_quote(cpu_info().model).c_str(), isa_name(active_isa()));
   } else {
     std::printf("model L=%d C=%d H=%d V=%d, batch %d x %d x %d micro-batches x %d ranks, %d threads per rank, "
                 "%lld steps\n",
                 mc.n_layer, mc.n_embd, mc.n_head, mc.vocab_size, cfg.train.micro_batch_size, cfg.model.seq_len,
-                trainer.micro_batches(), ranks, num_threads(), steps);
+                trainer.micro_batches(), dp, num_threads(), steps);
     std::printf("  %.1f tokens/s, %.1f ms/step (median %.1f), %.1f GFLOP/s model, MFU %.1f%%\n", tok_s,
                 1e3 * seconds / steps, ms[ms.size() / 2], flops / 1e9, 100.0 * mfu);
-    if (ranks > 1)
+    if (dp > 1)
       std::printf("  communication %.1f ms/step, %.0f%% hidden, %s sent per rank per step\n", comm_ms / steps,
                   100.0 * hidden / steps, format_bytes(static_cast<double>(comm_bytes) / steps).c_str());
+    if (cfg.parallel.tp > 1)
+      std::printf("  tensor-parallel communication %.1f ms/step (%.0f%% of the step), %s sent per rank per step\n",
+                  tp_ms / steps, 100.0 * tp_ms / (1e3 * seconds / steps),
+                  format_bytes(static_cast<double>(tp_bytes) / steps).c_str());
     std::printf("  memory per rank: %s\n", mem.summary().c_str());
     std::printf("  machine %s\n  MFU relative to %.1f GFLOP/s per core (%s)\n", train::describe_machine().c_str(),
                 trainer.machine_peak().fp32_gflops_per_core, trainer.machine_peak().source.c_str());

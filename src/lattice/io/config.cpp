@@ -117,7 +117,7 @@ const std::vector<Key>& keys() {
             "ZeRO stage: 0 replicated, 1 shards optimizer state, 2 also gradients, 3 also parameters"),
         key<&R::parallel, &ParallelSection::sequence_parallel>(
             "parallel", "sequence_parallel", any(),
-            "shard LayerNorm/dropout regions along the sequence inside the TP group"),
+            "keep the LayerNorm and residual activations as sequence slices over the TP group (needs parallel.tp > 1)"),
         key<&R::parallel, &ParallelSection::schedule>("parallel", "schedule",
                                                       one_of({"gpipe", "1f1b", "interleaved", "zb-h1"}),
                                                       "pipeline schedule"),
@@ -594,7 +594,6 @@ void apply_toml(RunConfig& cfg, const toml::table& root, const std::string& sour
 // starting with '=' is the whole reason (a key that is not a feature).
 const std::vector<std::pair<const char*, const char*>>& pending_keys() {
   static const std::vector<std::pair<const char*, const char*>> pending = {
-      {"parallel.sequence_parallel", "sequence parallelism (it comes with tensor parallelism)"},
       {"parallel.schedule", "pipeline schedules (they come with pipeline parallelism)"},
       {"parallel.virtual_stages", "interleaved pipeline stages (they come with pipeline parallelism)"},
       {"parallel.microbatches",
@@ -633,6 +632,24 @@ void check_cross_keys(const RunConfig& cfg) {
   }
   LATTICE_CHECK(cfg.zero.offload != "disk" || !cfg.zero.offload_dir.empty(),
                 "zero.offload=disk needs zero.offload_dir (a directory for each rank's offload files)");
+  // Tensor and sequence parallelism cut heads, the MLP's columns and the rows
+  // of a micro-batch into equal pieces.
+  const int tp = cfg.parallel.tp;
+  const ModelSection& m = cfg.model;
+  if (tp > 1) {
+    LATTICE_CHECK(m.n_head % tp == 0, "parallel.tp=" << tp << " does not divide model.n_head=" << m.n_head
+                                                     << ": tensor parallelism gives each rank whole attention heads");
+    LATTICE_CHECK(4LL * m.n_embd % tp == 0, "parallel.tp=" << tp << " does not divide 4 x model.n_embd="
+                                                           << 4LL * m.n_embd
+                                                           << ": tensor parallelism splits the MLP's hidden columns");
+  }
+  if (cfg.parallel.sequence_parallel) {
+    LATTICE_CHECK(tp > 1, "parallel.sequence_parallel=true needs parallel.tp > 1: it splits the sequence over the "
+                          "tensor-parallel group (parallel.tp=" << tp << ")");
+    LATTICE_CHECK(m.seq_len % tp == 0, "parallel.sequence_parallel=true needs model.seq_len=" << m.seq_len
+                                                                                             << " divisible by parallel.tp="
+                                                                                             << tp);
+  }
 }
 
 }  // namespace

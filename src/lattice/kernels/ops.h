@@ -58,8 +58,11 @@ std::string describe_gemm_paths();
 
 // ---- Embedding --------------------------------------------------------------
 // out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :]
+// A negative token is a row this table does not hold (the vocabulary-parallel
+// embedding of tensor parallelism: another rank's range): its wte term is 0.
+// wpe may be null: no position term.
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C);
-// dwte[tokens[b,t], :] += dout[b,t,:] ; dwpe[t,:] += sum_b dout[b,t,:]
+// dwte[tokens[b,t], :] += dout[b,t,:] (negative tokens skipped) ; dwpe[t,:] += sum_b dout[b,t,:]
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
 
 // ---- LayerNorm (eps = 1e-5) -------------------------------------------------
@@ -131,6 +134,22 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
 // padding columns set to 0. One pass over the largest tensor of the model.
 void crossentropy_forward_backward(float* logits_inout, float* losses, const int32_t* targets, int64_t N, int V,
                                    int Vp, float dloss);
+// The local halves of the vocabulary-parallel cross-entropy (tensor
+// parallelism, parallel/tensor/vocab_parallel.h): this rank holds columns
+// [first, first + ld) of the logits, rows of leading dimension ld, of which
+// the first `real` (0 <= real <= ld) are classes. Between the calls the
+// caller reduces the statistics over the ranks.
+// 1. row_max[i] = max over the real columns (-inf if none); target_logit[i] =
+//    the target's logit if this rank holds it, else 0.
+void crossentropy_local_max(float* row_max, double* target_logit, const float* logits, const int32_t* targets,
+                            int64_t N, int64_t first, int real, int ld);
+// 2. With the global row maxima m: z <- exp(z - m) over the real columns, in
+//    place; sum_exp[i] = their sum (as crossentropy_forward sums a row).
+void crossentropy_local_exp(float* logits_inout, double* sum_exp, const float* row_max, int64_t N, int real, int ld);
+// 3. With the global sums s: z <- dloss·(z/s - [column = target]) over the
+//    real columns, 0 over the padding.
+void crossentropy_local_grad(float* logits_inout, const double* sum_exp, const int32_t* targets, int64_t N,
+                             int64_t first, int real, int ld, float dloss);
 
 // ---- AdamW ---------------------------------------------------------------------------
 // g = grad·grad_scale ; m = β1 m + (1-β1) g ; v = β2 v + (1-β2) g²

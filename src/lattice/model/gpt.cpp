@@ -7,6 +7,8 @@
 
 #include "lattice/core/error.h"
 #include "lattice/kernels/ops.h"
+#include "lattice/parallel/tensor/tensor_parallel.h"
+#include "lattice/parallel/tensor/vocab_parallel.h"
 
 namespace lattice::model {
 
@@ -20,7 +22,10 @@ enum BlockParam : size_t {
 enum EmbedParam : size_t { kWte, kWpe };
 enum FinalParam : size_t { kLnfW, kLnfB };
 
-// What one layer's forward keeps for backward.
+// What one layer's forward keeps for backward. Under tensor parallelism the
+// sizes are this rank's (GPT::Dims): qkv [N, 3A], atty [N, A], fch [N, F];
+// with sequence parallelism x, ln1, res1, ln2 and their statistics hold
+// rows(N) rows (this rank's slice) and the rest all N.
 struct LayerActs {
   float *ln1, *ln1_mean, *ln1_rstd;  // LN₁(x_l) and its statistics
   float* qkv;                        // [N, 3C]
@@ -32,12 +37,16 @@ struct LayerActs {
   float* fch_gelu;                   // GELU(fch)
 };
 
-// Gradients that backward_input produces and backward_weight consumes.
+// Gradients that backward_input produces and backward_weight consumes. Every
+// [N, C] one is full-sized; under sequence parallelism dln1/dln2 hold this
+// rank's rows of the reduced gradient in their first rows(N) rows (the
+// reduce-scatter's place), and dres1 and dx hold their slice at first_row(N)
+// (the all-gather's place, so gathering is in place).
 struct LayerGrads {
-  float* dfch;   // dL/d fch [N, 4C]     (c_fc weight gradient)
+  float* dfch;   // dL/d fch [N, F]      (c_fc weight gradient)
   float* dln2;   // dL/d LN₂ output      (ln_2 weight gradient)
-  float* dres1;  // dL/d r_l             (attn c_proj weight gradient)
-  float* dqkv;   // dL/d qkv [N, 3C]     (c_attn weight gradient)
+  float* dres1;  // dL/d r_l             (attn c_proj weight gradient; whole once gathered)
+  float* dqkv;   // dL/d qkv [N, 3A]     (c_attn weight gradient)
   float* dln1;   // dL/d LN₁ output      (ln_1 weight gradient)
 };
 
@@ -50,13 +59,15 @@ struct Slot {
   std::vector<float*> x;  // x_0 .. x_L, the residual stream [N, C]
   std::vector<LayerActs> layers;
   float *lnf, *lnf_mean, *lnf_rstd;
-  float* logits;  // [N, Vp]; after forward(): dlogits
+  float* logits;  // [N, Vw] (this rank's vocabulary rows); after forward(): dlogits
   float* losses;  // [N]
+  float* work;    // [N, C] sequence parallelism: a gathered input or a partial output
   int32_t* inputs;
+  int32_t* rows;  // inputs as rows of this rank's wte (-1: another rank's)
   // Gradients.
   std::vector<float*> dx;  // dL/dx_0 .. dL/dx_L (split) or two ping-pong buffers (fused)
   std::vector<LayerGrads> dlayers;
-  float *dlnf, *scratch4c, *scratch_c;
+  float *dlnf, *scratch4c, *scratch_c, *ln_scratch;
   // State.
   bool has_forward = false, has_backward_input = false, split = false;
 };
@@ -76,41 +87,52 @@ class Carver {
   float* p_;
 };
 
-static int64_t carve_activations(Slot* s, float* base, const ModelConfig& c, int64_t N) {
-  const int64_t C = c.n_embd, NH = c.n_head, L = c.n_layer, Vp = c.padded_vocab();
+// The sizes the carvers work with: this rank's (GPT::Dims), N rows in all
+// and R of them kept between the parallel regions (N/t under sequence parallelism).
+struct CarveSizes {
+  int64_t C, NH, A, F, V, L, N, R;
+  bool sp;
+};
+
+static int64_t carve_activations(Slot* s, float* base, const CarveSizes& z) {
+  const int64_t C = z.C, A = z.A, F = z.F, N = z.N, R = z.R, L = z.L;
   Carver cv(base);
   if (s) s->x.assign(L + 1, nullptr), s->layers.assign(L, LayerActs{});
   for (int64_t l = 0; l <= L; l++) {
-    float* p = cv.take(N * C);
+    float* p = cv.take(R * C);
     if (s) s->x[l] = p;
   }
   for (int64_t l = 0; l < L; l++) {
     LayerActs a;
-    a.ln1 = cv.take(N * C);
-    a.ln1_mean = cv.take(N);
-    a.ln1_rstd = cv.take(N);
-    a.qkv = cv.take(N * 3 * C);
-    a.atty = cv.take(N * C);
-    a.lse = cv.take(N * NH);
-    a.res1 = cv.take(N * C);
-    a.ln2 = cv.take(N * C);
-    a.ln2_mean = cv.take(N);
-    a.ln2_rstd = cv.take(N);
-    a.fch = cv.take(N * 4 * C);
-    a.fch_gelu = cv.take(N * 4 * C);
+    a.ln1 = cv.take(R * C);
+    a.ln1_mean = cv.take(R);
+    a.ln1_rstd = cv.take(R);
+    a.qkv = cv.take(N * 3 * A);
+    a.atty = cv.take(N * A);
+    a.lse = cv.take(N * z.NH);
+    a.res1 = cv.take(R * C);
+    a.ln2 = cv.take(R * C);
+    a.ln2_mean = cv.take(R);
+    a.ln2_rstd = cv.take(R);
+    a.fch = cv.take(N * F);
+    a.fch_gelu = cv.take(N * F);
     if (s) s->layers[l] = a;
   }
-  float* lnf = cv.take(N * C);
-  float* lnf_mean = cv.take(N);
-  float* lnf_rstd = cv.take(N);
-  float* logits = cv.take(N * Vp);
+  float* lnf = cv.take(N * C);  // whole: the head reads every row (gathered under SP)
+  float* lnf_mean = cv.take(R);
+  float* lnf_rstd = cv.take(R);
+  float* logits = cv.take(N * z.V);
   float* losses = cv.take(N);
-  if (s) s->lnf = lnf, s->lnf_mean = lnf_mean, s->lnf_rstd = lnf_rstd, s->logits = logits, s->losses = losses;
+  float* work = z.sp ? cv.take(N * C) : nullptr;
+  if (s) {
+    s->lnf = lnf, s->lnf_mean = lnf_mean, s->lnf_rstd = lnf_rstd, s->logits = logits, s->losses = losses;
+    s->work = work;
+  }
   return cv.used(base);
 }
 
-static int64_t carve_grads(Slot* s, float* base, const ModelConfig& c, int64_t N, bool split) {
-  const int64_t C = c.n_embd, L = c.n_layer;
+static int64_t carve_grads(Slot* s, float* base, const CarveSizes& z, bool split) {
+  const int64_t C = z.C, N = z.N, L = z.L;
   Carver cv(base);
   const int64_t n_dx = split ? L + 1 : 2;
   const int64_t n_layers = split ? L : 1;
@@ -118,16 +140,17 @@ static int64_t carve_grads(Slot* s, float* base, const ModelConfig& c, int64_t N
   for (auto& p : dx) p = cv.take(N * C);
   std::vector<LayerGrads> dl(n_layers);
   for (auto& g : dl) {
-    g.dfch = cv.take(N * 4 * C);
+    g.dfch = cv.take(N * z.F);
     g.dln2 = cv.take(N * C);
     g.dres1 = cv.take(N * C);
-    g.dqkv = cv.take(N * 3 * C);
+    g.dqkv = cv.take(N * 3 * z.A);
     g.dln1 = cv.take(N * C);
   }
   float* dlnf = cv.take(N * C);
-  float* s4 = cv.take(N * 4 * C);
-  float* sc = cv.take(N * C);
-  if (s) s->dx = dx, s->dlayers = dl, s->dlnf = dlnf, s->scratch4c = s4, s->scratch_c = sc;
+  float* s4 = cv.take(N * z.F);
+  float* sc = cv.take(N * z.A);
+  float* ln = z.sp ? cv.take(2 * C) : nullptr;
+  if (s) s->dx = dx, s->dlayers = dl, s->dlnf = dlnf, s->scratch4c = s4, s->scratch_c = sc, s->ln_scratch = ln;
   return cv.used(base);
 }
 
@@ -135,21 +158,21 @@ static int64_t carve_grads(Slot* s, float* base, const ModelConfig& c, int64_t N
 class LocalEmbedding final : public TiedEmbedding {
  public:
   LocalEmbedding(ParamGroup& group, const ModelConfig& config) : e_(group), c_(config) {}
-  void lookup(float* x, const int32_t* tokens, int B, int T, int first_position) override {
-    k::embedding_forward(x, tokens, e_.param(kWte), e_.param(kWpe) + static_cast<int64_t>(first_position) * c_.n_embd,
-                         B, T, c_.n_embd);
+  void lookup(float* x, const int32_t* tokens, int B, int T, int first_position, bool positions) override {
+    const float* wpe = positions ? e_.param(kWpe) + static_cast<int64_t>(first_position) * c_.n_embd : nullptr;
+    k::embedding_forward(x, tokens, e_.param(kWte), wpe, B, T, c_.n_embd);
   }
   void head_forward(float* logits, const float* lnf, int64_t rows, int64_t ld) override {
-    const int C = c_.n_embd, Vp = c_.padded_vocab();
-    k::gemm(false, true, rows, Vp, C, 1.0f, lnf, ld, e_.param(kWte), C, 0.0f, logits, Vp);
+    const int C = c_.n_embd, Vw = vocab_rows();
+    k::gemm(false, true, rows, Vw, C, 1.0f, lnf, ld, e_.param(kWte), C, 0.0f, logits, Vw);
   }
   void head_backward_input(float* dlnf, const float* dlogits, int64_t N) override {
-    k::linear_backward_input(dlnf, dlogits, e_.param(kWte), N, c_.n_embd, c_.padded_vocab(), false);
+    k::linear_backward_input(dlnf, dlogits, e_.param(kWte), N, c_.n_embd, vocab_rows(), false);
   }
   void head_backward_weight(const float* dlogits, const float* lnf, int64_t N) override {
     bool acc = false;
     float* dwte = e_.write_grad(kWte, &acc);
-    k::linear_backward_weight(dwte, nullptr, dlogits, lnf, N, c_.n_embd, c_.padded_vocab(), acc);
+    k::linear_backward_weight(dwte, nullptr, dlogits, lnf, N, c_.n_embd, vocab_rows(), acc);
   }
   void lookup_backward(const float* dx, const int32_t* tokens, int B, int T) override {
     // A scatter-add cannot overwrite: a gradient nobody has written since
@@ -166,19 +189,61 @@ class LocalEmbedding final : public TiedEmbedding {
   }
 
  private:
+  int vocab_rows() const { return static_cast<int>(e_.params()[kWte].shape[0]); }
   ParamGroup& e_;
   const ModelConfig& c_;
 };
 
-GPT::GPT(const ModelConfig& config, uint64_t seed) : GPT(Build{}, config, &seed, true) {}
+GPT::GPT(const ModelConfig& config, uint64_t seed, tensor::TensorParallel* tp)
+    : GPT(Build{}, config, &seed, true, tp) {}
 
-GPT::GPT(const ModelConfig& config, NoInit) : GPT(Build{}, config, nullptr, true) {}
+GPT::GPT(const ModelConfig& config, NoInit, tensor::TensorParallel* tp) : GPT(Build{}, config, nullptr, true, tp) {}
 
-GPT::GPT(const ModelConfig& config, Unallocated) : GPT(Build{}, config, nullptr, false) {}
+GPT::GPT(const ModelConfig& config, Unallocated, tensor::TensorParallel* tp)
+    : GPT(Build{}, config, nullptr, false, tp) {}
 
-GPT::GPT(Build, const ModelConfig& config, const uint64_t* seed, bool allocate) : config_(config) {
+int GPT::tp_size() const { return tp_ ? tp_->size() : 1; }
+int GPT::tp_rank() const { return tp_ ? tp_->rank() : 0; }
+int64_t GPT::rows(int64_t N) const { return tp_ ? tp_->local_rows(N) : N; }
+int64_t GPT::first_row(int64_t N) const { return tp_ ? tp_->first_row(N) : 0; }
+
+// Checks that tensor parallelism over t ranks can cut this model, naming the keys.
+static void check_tp(const ModelConfig& c, int t) {
+  LATTICE_CHECK(c.n_head % t == 0, "parallel.tp=" << t << " must divide model.n_head=" << c.n_head
+                                                  << ": attention is split by whole heads");
+  LATTICE_CHECK((4LL * c.n_embd) % t == 0, "parallel.tp=" << t << " must divide 4*model.n_embd=" << 4LL * c.n_embd
+                                                          << ": the MLP's hidden layer is split by columns");
+}
+
+GPT::GPT(Build, const ModelConfig& config, const uint64_t* seed, bool allocate, tensor::TensorParallel* tp)
+    : config_(config), tp_(tp && tp->size() > 1 ? tp : nullptr) {
   config_.validate();
-  const int64_t C = config_.n_embd, L = config_.n_layer, Vp = config_.padded_vocab();
+  const int t = tp_size(), r = tp_rank();
+  check_tp(config_, t);
+  const int64_t C = config_.n_embd, L = config_.n_layer;
+  const int64_t Vp = tensor::padded_vocab(config_.vocab_size, t);
+  vocab_full_ = static_cast<int>(Vp);
+  const tensor::VocabRange range = tensor::vocab_range(config_.vocab_size, vocab_full_, t, r);
+  vocab_first_ = range.first;
+  vocab_real_ = range.real;
+  dims_.C = config_.n_embd;
+  dims_.NH = config_.n_head / t;
+  dims_.A = dims_.NH * config_.head_size();
+  dims_.F = static_cast<int>(4 * C / t);
+  dims_.V = range.rows;
+  // The slices of tensor parallelism (whole tensors at t = 1): Megatron's
+  // column-parallel weights split by output rows (dim 0 of lattice's [out,
+  // in]), row-parallel ones by input columns (dim 1); c_attn's rows are Q, K,
+  // V blocks, each split by heads (parts = 3).
+  auto cut = [t, r](int dim, int parts = 1) {
+    ShardSpec spec;
+    if (t == 1) return spec;
+    spec.split_dim = dim;
+    spec.num_shards = t;
+    spec.shard_index = r;
+    spec.parts = parts;
+    return spec;
+  };
   // GPT-2 initialisation: weights N(0, 0.02²); the projections that write into
   // the residual stream (attn.c_proj, mlp.c_proj) N(0, (0.02/√(2L))²) so the
   // stream's variance does not grow with depth; biases 0; LayerNorm weight 1.
@@ -201,10 +266,14 @@ GPT::GPT(Build, const ModelConfig& config, const uint64_t* seed, bool allocate) 
     return p;
   };
 
+  auto sliced = [](ParamInfo p, ShardSpec spec) {
+    p.shard = spec;
+    return p;
+  };
   ParamGroup embed("embedding");
   ParamInfo wte = weight("wte.weight", {Vp, C}, std_w);
   wte.real_rows = config_.vocab_size;
-  embed.add(wte);
+  embed.add(sliced(wte, cut(0)));  // vocabulary-parallel
   embed.add(weight("wpe.weight", {config_.seq_len, C}, std_w));
   groups_.push_back(std::move(embed));
 
@@ -213,15 +282,15 @@ GPT::GPT(Build, const ModelConfig& config, const uint64_t* seed, bool allocate) 
     ParamGroup g(h.substr(0, h.size() - 1));
     g.add(constant(h + "ln_1.weight", C, 1.0f));
     g.add(constant(h + "ln_1.bias", C, 0.0f));
-    g.add(weight(h + "attn.c_attn.weight", {3 * C, C}, std_w));
-    g.add(constant(h + "attn.c_attn.bias", 3 * C, 0.0f));
-    g.add(weight(h + "attn.c_proj.weight", {C, C}, std_proj));
+    g.add(sliced(weight(h + "attn.c_attn.weight", {3 * C, C}, std_w), cut(0, 3)));  // column-parallel, by heads
+    g.add(sliced(constant(h + "attn.c_attn.bias", 3 * C, 0.0f), cut(0, 3)));
+    g.add(sliced(weight(h + "attn.c_proj.weight", {C, C}, std_proj), cut(1)));  // row-parallel
     g.add(constant(h + "attn.c_proj.bias", C, 0.0f));
     g.add(constant(h + "ln_2.weight", C, 1.0f));
     g.add(constant(h + "ln_2.bias", C, 0.0f));
-    g.add(weight(h + "mlp.c_fc.weight", {4 * C, C}, std_w));
-    g.add(constant(h + "mlp.c_fc.bias", 4 * C, 0.0f));
-    g.add(weight(h + "mlp.c_proj.weight", {C, 4 * C}, std_proj));
+    g.add(sliced(weight(h + "mlp.c_fc.weight", {4 * C, C}, std_w), cut(0)));  // column-parallel
+    g.add(sliced(constant(h + "mlp.c_fc.bias", 4 * C, 0.0f), cut(0)));
+    g.add(sliced(weight(h + "mlp.c_proj.weight", {C, 4 * C}, std_proj), cut(1)));  // row-parallel
     g.add(constant(h + "mlp.c_proj.bias", C, 0.0f));
     groups_.push_back(std::move(g));
   }
@@ -248,11 +317,22 @@ std::pair<ParamGroup*, size_t> GPT::find_param(const std::string& name) {
   return {nullptr, 0};
 }
 
+static CarveSizes carve_sizes(const GPT::Dims& d, const ModelConfig& c, int64_t N, int64_t R, bool sp) {
+  return {d.C, d.NH, d.A, d.F, d.V, c.n_layer, N, R, sp};
+}
+
 size_t GPT::slot_bytes(int B, int T) const {
   const int64_t N = static_cast<int64_t>(B) * T;
-  return static_cast<size_t>(carve_activations(nullptr, nullptr, config_, N) +
-                             carve_grads(nullptr, nullptr, config_, N, false)) *
+  const CarveSizes z = carve_sizes(dims_, config_, N, rows(N), tp_ && tp_->sequence_parallel());
+  return static_cast<size_t>(carve_activations(nullptr, nullptr, z) + carve_grads(nullptr, nullptr, z, false)) *
          sizeof(float);
+}
+
+size_t GPT::stored_activation_bytes(int B, int T) const {
+  const int64_t N = static_cast<int64_t>(B) * T;
+  const CarveSizes z = carve_sizes(dims_, config_, N, rows(N), tp_ && tp_->sequence_parallel());
+  return static_cast<size_t>(carve_activations(nullptr, nullptr, z)) * sizeof(float) +
+         2 * static_cast<size_t>(N) * sizeof(int32_t);
 }
 
 Slot& GPT::slot(int index, int B, int T) {
@@ -269,17 +349,21 @@ Slot& GPT::slot(int index, int B, int T) {
   if (!*holder) *holder = std::make_unique<Slot>();
   Slot& s = **holder;
   const int64_t N = static_cast<int64_t>(B) * T;
+  if (tp_) tp_->check_rows(N);
+  const bool sp = tp_ && tp_->sequence_parallel();
   if (N > s.capacity_tokens) {
     // First use (or a larger batch): allocate once, reused by every later step.
-    s.act_mem = Buffer(carve_activations(nullptr, nullptr, config_, N) * sizeof(float), MemCategory::Activations);
-    s.token_mem = Buffer(N * sizeof(int32_t), MemCategory::Activations);
+    const CarveSizes z = carve_sizes(dims_, config_, N, rows(N), sp);
+    s.act_mem = Buffer(carve_activations(nullptr, nullptr, z) * sizeof(float), MemCategory::Activations);
+    s.token_mem = Buffer(2 * N * sizeof(int32_t), MemCategory::Activations);
     s.grad_mem.reset();
     s.capacity_tokens = N;
   }
   s.B = B;
   s.T = T;
-  carve_activations(&s, s.act_mem.as<float>(), config_, N);
+  carve_activations(&s, s.act_mem.as<float>(), carve_sizes(dims_, config_, N, rows(N), sp));
   s.inputs = s.token_mem.as<int32_t>();
+  s.rows = s.inputs + N;
   return s;
 }
 
@@ -296,21 +380,31 @@ static void check_ids(const char* what, const int32_t* ids, int64_t n, int vocab
 // One transformer block on N rows, from x into x_next (which may be x itself),
 // keeping its intermediates in a. `attend` fills a.atty from a.qkv: the
 // training forward's causal attention, or decode()'s cached attention.
+// Under tensor parallelism (tp non-null) the linears are Megatron's column-
+// and row-parallel layers on this rank's slices (d), and with sequence
+// parallelism x, x_next, the LayerNorms and the residual hold this rank's
+// rows only; `work` [N, C] then takes the gathered LayerNorm output and the
+// row-parallel partial sums.
 template <typename Attend>
-static void block_forward(ParamGroup& g, const LayerActs& a, const float* x, float* x_next, int64_t N, int C,
-                          Attend attend) {
+static void block_forward(tensor::TensorParallel* tp, const GPT::Dims& d, ParamGroup& g, const LayerActs& a,
+                          const float* x, float* x_next, int64_t N, float* work, Attend attend) {
+  const int C = d.C;
+  const bool sp = tp && tp->sequence_parallel();
+  const int64_t R = tp ? tp->local_rows(N) : N;
   // r = x + c_proj(Attn(c_attn(LN₁(x))))
-  k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, g.param(kLn1W), g.param(kLn1B), N, C);
-  k::linear_forward(a.qkv, a.ln1, g.param(kAttnW), g.param(kAttnB), N, C, 3 * C);
+  k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, g.param(kLn1W), g.param(kLn1B), R, C);
+  tensor::ColumnParallelLinear(tp, C, 3 * d.A).forward(a.qkv, a.ln1, work, g.param(kAttnW), g.param(kAttnB), N);
   attend();
-  k::linear_forward(a.res1, a.atty, g.param(kAttnProjW), g.param(kAttnProjB), N, C, C);
-  k::add_inplace(a.res1, x, N * C);
+  tensor::RowParallelLinear(tp, d.A, C)
+      .forward(a.res1, sp ? work : a.res1, a.atty, g.param(kAttnProjW), g.param(kAttnProjB), N);
+  k::add_inplace(a.res1, x, R * C);
   // x' = r + c_proj(GELU(c_fc(LN₂(r))))
-  k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, g.param(kLn2W), g.param(kLn2B), N, C);
-  k::linear_forward(a.fch, a.ln2, g.param(kFcW), g.param(kFcB), N, C, 4 * C);
-  k::gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
-  k::linear_forward(x_next, a.fch_gelu, g.param(kFcProjW), g.param(kFcProjB), N, 4 * C, C);
-  k::add_inplace(x_next, a.res1, N * C);
+  k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, g.param(kLn2W), g.param(kLn2B), R, C);
+  tensor::ColumnParallelLinear(tp, C, d.F).forward(a.fch, a.ln2, work, g.param(kFcW), g.param(kFcB), N);
+  k::gelu_forward(a.fch_gelu, a.fch, N * d.F);
+  tensor::RowParallelLinear(tp, d.F, C)
+      .forward(x_next, sp ? work : x_next, a.fch_gelu, g.param(kFcProjW), g.param(kFcProjB), N);
+  k::add_inplace(x_next, a.res1, R * C);
 }
 
 void GPT::params_in(size_t g, Pass pass) {
@@ -327,25 +421,57 @@ void GPT::grads_out(size_t g) {
 }
 
 void GPT::forward_body(Slot& s, const int32_t* inputs) {
-  const int B = s.B, T = s.T, C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
-  const int64_t N = static_cast<int64_t>(B) * T;
+  const int B = s.B, T = s.T, C = config_.n_embd, L = config_.n_layer;
+  const int64_t N = static_cast<int64_t>(B) * T, R = rows(N);
+  const bool sp = tp_ && tp_->sequence_parallel();
   check_ids("token", inputs, N, config_.vocab_size);
   std::memcpy(s.inputs, inputs, N * sizeof(int32_t));
+  // Token ids as rows of this rank's slice of wte (-1: held by another rank).
+  const tensor::VocabRange range{vocab_first_, dims_.V, vocab_real_};
+  tensor::local_tokens(s.rows, inputs, N, range);
   // The embedding's parameters stay in until the caller's head is done with wte.
   params_in(embedding_index(), Pass::Forward);
-  // x₀ = wte[tokens] + wpe[0..T)
-  tied().lookup(s.x[0], inputs, B, T, 0);
+  // x₀ = wte[tokens] + wpe[0..T). Vocabulary-parallel: each rank looks up the
+  // tokens it holds (zero rows for the rest), rank 0 adds wpe, and the sum
+  // over the group (reduce-scattered into this rank's rows under SP) is the lookup.
+  float* x0 = sp ? s.work : s.x[0];
+  tied().lookup(x0, s.rows, B, T, 0, tp_rank() == 0);
+  if (tp_) tp_->reduce(x0, s.x[0], N, C, "embedding");
   for (int l = 0; l < L; l++) {
     const LayerActs& a = s.layers[l];
     params_in(block_index(l), Pass::Forward);
-    block_forward(block_group(l), a, s.x[l], s.x[l + 1], N, C,
-                  [&] { k::attention_forward(a.atty, a.lse, a.qkv, B, T, C, NH); });
+    block_forward(tp_, dims_, block_group(l), a, s.x[l], s.x[l + 1], N, s.work,
+                  [&] { k::attention_forward(a.atty, a.lse, a.qkv, B, T, dims_.A, dims_.NH); });
     params_out(block_index(l), Pass::Forward);
   }
   params_in(final_index(), Pass::Forward);
   ParamGroup& f = final_group();
-  k::layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.x[L], f.param(kLnfW), f.param(kLnfB), N, C);
+  // LN_f into this rank's rows of lnf, then (SP) gathered in place: the head
+  // is column-parallel over the vocabulary and reads every row.
+  float* lnf_rows = s.lnf + first_row(N) * C;
+  k::layernorm_forward(lnf_rows, s.lnf_mean, s.lnf_rstd, s.x[L], f.param(kLnfW), f.param(kLnfB), R, C);
+  if (tp_) tp_->gather(lnf_rows, s.lnf, N, C, "final LayerNorm output");
   params_out(final_index(), Pass::Forward);
+}
+
+void GPT::loss(Slot& s, const int32_t* targets, bool backward, float dloss) {
+  const int64_t N = static_cast<int64_t>(s.B) * s.T;
+  const int V = config_.vocab_size;
+  if (!tp_) {
+    if (backward)
+      k::crossentropy_forward_backward(s.logits, s.losses, targets, N, V, dims_.V, dloss);
+    else
+      k::crossentropy_forward(s.losses, s.logits, targets, N, V, dims_.V);
+    return;
+  }
+  tensor::vocab_parallel_cross_entropy(tp_, s.logits, s.losses, targets, N, {vocab_first_, dims_.V, vocab_real_},
+                                       backward, dloss);
+}
+
+void GPT::check_one_process(const char* what) const {
+  LATTICE_CHECK(!tp_, what << " runs on one process (tensor parallelism splits the vocabulary and the heads "
+                              "over parallel.tp=" << tp_size() << " ranks); `lattice generate` loads a "
+                              "checkpoint of any layout whole");
 }
 
 static float mean_of(const float* x, int64_t n) {
@@ -359,16 +485,15 @@ float GPT::forward(int slot_index, const int32_t* inputs, const int32_t* targets
   LATTICE_CHECK(slot_index >= 0, "slot index must be >= 0, got " << slot_index);
   Slot& s = slot(slot_index, B, T);
   LATTICE_CHECK(!s.has_forward, "forward on micro-batch slot " << slot_index << " whose backward has not run");
-  forward_body(s, inputs);
   const int64_t N = static_cast<int64_t>(B) * T;
-  const int C = config_.n_embd, V = config_.vocab_size, Vp = config_.padded_vocab();
+  const int C = config_.n_embd, V = config_.vocab_size;
   check_ids("target", targets, N, V);
+  forward_body(s, inputs);
   // logits = LN_f(x_L) · wteᵀ, then loss and dlogits in one pass:
   // dlogits = (loss_grad_scale / N) · (softmax - onehot).
   tied().head_forward(s.logits, s.lnf, N, C);
   params_out(embedding_index(), Pass::Forward);
-  k::crossentropy_forward_backward(s.logits, s.losses, targets, N, V, Vp,
-                                   loss_grad_scale / static_cast<float>(N));
+  loss(s, targets, true, loss_grad_scale / static_cast<float>(N));
   s.has_forward = true;
   return mean_of(s.losses, N);
 }
@@ -382,17 +507,18 @@ Slot& GPT::inference_slot(int B, int T) {
 
 float GPT::evaluate(const int32_t* inputs, const int32_t* targets, int B, int T) {
   Slot& s = inference_slot(B, T);
-  forward_body(s, inputs);
   const int64_t N = static_cast<int64_t>(B) * T;
-  const int C = config_.n_embd, V = config_.vocab_size, Vp = config_.padded_vocab();
-  check_ids("target", targets, N, V);
+  const int C = config_.n_embd;
+  check_ids("target", targets, N, config_.vocab_size);
+  forward_body(s, inputs);
   tied().head_forward(s.logits, s.lnf, N, C);
   params_out(embedding_index(), Pass::Forward);
-  k::crossentropy_forward(s.losses, s.logits, targets, N, V, Vp);
+  loss(s, targets, false, 0.0f);
   return mean_of(s.losses, N);
 }
 
 const float* GPT::last_logits(const int32_t* inputs, int B, int T) {
+  check_one_process("last_logits (generation)");
   Slot& s = inference_slot(B, T);
   forward_body(s, inputs);
   const int C = config_.n_embd;
@@ -431,7 +557,7 @@ static int64_t carve_decode(DecodeState* d, float* base, const ModelConfig& c) {
   a.res1 = cv.take(rows * C);
   a.fch = cv.take(rows * 4 * C);
   a.fch_gelu = cv.take(rows * 4 * C);
-  float* logits = cv.take(c.padded_vocab());
+  float* logits = cv.take(tensor::padded_vocab(c.vocab_size, 1));
   if (d) d->x = x, d->logits = logits, d->block = a;
   return cv.used(base);
 }
@@ -458,6 +584,7 @@ const float* GPT::next_logits(const int32_t* context, int64_t n) {
 }
 
 const float* GPT::decode(const int32_t* tokens, int n) {
+  check_one_process("decode (generation)");
   const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer, T = config_.seq_len;
   if (!decode_) {
     decode_ = std::make_unique<DecodeState>();
@@ -474,14 +601,14 @@ const float* GPT::decode(const int32_t* tokens, int n) {
   check_ids("token", tokens, n, config_.vocab_size);
   params_in(embedding_index(), Pass::Forward);
   // x = wte[tokens] + wpe[pos .. pos + n)
-  tied().lookup(d.x, tokens, 1, n, pos);
+  tied().lookup(d.x, tokens, 1, n, pos, true);
   const LayerActs& a = d.block;
   for (int l = 0; l < L; l++) {
     float* keys = d.cache.as<float>() + static_cast<int64_t>(l) * 2 * T * C;
     float* values = keys + static_cast<int64_t>(T) * C;
     // The new positions' keys and values join the cache, then attend to all of it.
     params_in(block_index(l), Pass::Forward);
-    block_forward(block_group(l), a, d.x, d.x, n, C, [&] {
+    block_forward(nullptr, dims_, block_group(l), a, d.x, d.x, n, nullptr, [&] {
       for (int i = 0; i < n; i++) {
         const float* row = a.qkv + static_cast<int64_t>(i) * 3 * C;
         std::memcpy(keys + static_cast<int64_t>(pos + i) * C, row + C, sizeof(float) * C);
@@ -507,15 +634,13 @@ const float* GPT::decode(const int32_t* tokens, int n) {
 
 // Makes sure the gradient buffers are laid out for the split (every layer
 // keeps its own) or fused (one layer's worth, reused) backward.
-static void prepare_grads(Slot& s, const ModelConfig& c, bool split) {
-  const int64_t N = static_cast<int64_t>(s.B) * s.T;
+static void prepare_grads(Slot& s, const CarveSizes& now, const CarveSizes& capacity, bool split) {
   if (s.grad_mem.empty() || (split && !s.split_capacity) ||
-      static_cast<size_t>(carve_grads(nullptr, nullptr, c, N, split) * sizeof(float)) > s.grad_mem.bytes()) {
-    s.grad_mem = Buffer(carve_grads(nullptr, nullptr, c, s.capacity_tokens, split) * sizeof(float),
-                        MemCategory::Activations);
+      static_cast<size_t>(carve_grads(nullptr, nullptr, now, split) * sizeof(float)) > s.grad_mem.bytes()) {
+    s.grad_mem = Buffer(carve_grads(nullptr, nullptr, capacity, split) * sizeof(float), MemCategory::Activations);
     s.split_capacity = split;
   }
-  carve_grads(&s, s.grad_mem.as<float>(), c, N, split);
+  carve_grads(&s, s.grad_mem.as<float>(), now, split);
   s.split = split;
 }
 
@@ -524,14 +649,18 @@ static float* dx_of(Slot& s, int i) { return s.split ? s.dx[i] : s.dx[i % 2]; }
 static LayerGrads& dlayer_of(Slot& s, int l) { return s.split ? s.dlayers[l] : s.dlayers[0]; }
 
 void GPT::head_backward_input(Slot& s) {
-  const int64_t N = static_cast<int64_t>(s.B) * s.T;
+  const int64_t N = static_cast<int64_t>(s.B) * s.T, R = rows(N);
   const int C = config_.n_embd, L = config_.n_layer;
   ParamGroup& f = final_group();
-  // dlnf = dlogits · wte ;  dx_L = LN_f backward (accumulating into zero)
+  // dlnf = dlogits · wte — under TP this rank's vocabulary columns' share,
+  // summed over the group (the head is column-parallel: f's backward). With
+  // SP this rank's rows of the sum land in dlnf's first rows.
   tied().head_backward_input(s.dlnf, s.logits, N);
-  float* dxL = dx_of(s, L);
-  std::memset(dxL, 0, N * C * sizeof(float));
-  k::layernorm_backward_input(dxL, s.dlnf, s.x[L], f.param(kLnfW), s.lnf_mean, s.lnf_rstd, N, C);
+  if (tp_) tp_->reduce(s.dlnf, s.dlnf, N, C, "final LayerNorm output gradient");
+  // dx_L = LN_f backward (accumulating into zero), this rank's rows
+  float* dxL = dx_of(s, L) + first_row(N) * C;
+  std::memset(dxL, 0, R * C * sizeof(float));
+  k::layernorm_backward_input(dxL, s.dlnf, s.x[L], f.param(kLnfW), s.lnf_mean, s.lnf_rstd, R, C);
 }
 
 void GPT::head_backward_weight(Slot& s) {
@@ -540,7 +669,7 @@ void GPT::head_backward_weight(Slot& s) {
   ParamGroup& f = final_group();
   // d wte (+)= dlogitsᵀ · LN_f(x_L)   (the tied head's share of the wte gradient)
   tied().head_backward_weight(s.logits, s.lnf, N);
-  layernorm_weight_grads(f, kLnfW, kLnfB, s.dlnf, s.x[L], s.lnf_mean, s.lnf_rstd, N);
+  layernorm_weight_grads_sp(f, kLnfW, kLnfB, s.dlnf, s.x[L], s.lnf_mean, s.lnf_rstd, rows(N), s.ln_scratch);
 }
 
 // The gradients of a weight and its bias, which are always written together,
@@ -552,6 +681,25 @@ static bool write_pair(ParamGroup& g, int w, int b, float** dw, float** db) {
   LATTICE_CHECK(acc_w == acc_b, "gradients of " << g.params()[w].name << " and " << g.params()[b].name
                                                 << " are out of step");
   return acc_w;
+}
+
+void GPT::layernorm_weight_grads_sp(ParamGroup& g, int w, int b, const float* dout, const float* inp,
+                                    const float* mean, const float* rstd, int64_t R, float* scratch) {
+  if (!tp_ || !tp_->sequence_parallel()) return layernorm_weight_grads(g, w, b, dout, inp, mean, rstd, R);
+  // This rank saw its rows only: this micro-batch's partial gradient is
+  // summed over the group before it joins the accumulated one (summing the
+  // accumulated buffer would count earlier micro-batches t times).
+  const int C = config_.n_embd;
+  k::layernorm_backward_weight(scratch, scratch + C, dout, inp, mean, rstd, R, C, false);
+  tp_->all_reduce(scratch, 2 * C, comm::ReduceOp::Sum, "LayerNorm gradients");
+  float *dw, *db;
+  if (write_pair(g, w, b, &dw, &db)) {
+    k::add_inplace(dw, scratch, C);
+    k::add_inplace(db, scratch + C, C);
+  } else {
+    std::memcpy(dw, scratch, C * sizeof(float));
+    std::memcpy(db, scratch + C, C * sizeof(float));
+  }
 }
 
 // One Linear's (or LayerNorm's) weight gradients in group g: the first write
@@ -571,45 +719,65 @@ void GPT::layernorm_weight_grads(ParamGroup& g, int w, int b, const float* dout,
 }
 
 void GPT::layer_backward_input(Slot& s, int l) {
-  const int B = s.B, T = s.T, C = config_.n_embd, NH = config_.n_head;
-  const int64_t N = static_cast<int64_t>(B) * T;
+  const int B = s.B, T = s.T, C = config_.n_embd;
+  const int64_t N = static_cast<int64_t>(B) * T, R = rows(N), first = first_row(N) * C;
   ParamGroup& g = block_group(l);
   LayerActs& a = s.layers[l];
   LayerGrads& d = dlayer_of(s, l);
-  const float* dout = dx_of(s, l + 1);  // dL/dx_{l+1}
-  float* dx = dx_of(s, l);              // dL/dx_l (written here)
+  float* dout = dx_of(s, l + 1);  // dL/dx_{l+1}: this rank's rows at `first` (SP), else whole
+  float* dx = dx_of(s, l);        // dL/dx_l (written here, the same rows)
   // MLP: x' = r + fch_gelu·W_projᵀ + b  →  d fch_gelu = dout · W_proj
-  k::linear_backward_input(s.scratch4c, dout, g.param(kFcProjW), N, 4 * C, C, false);
-  k::gelu_backward(d.dfch, a.fch, s.scratch4c, N * 4 * C);
-  k::linear_backward_input(d.dln2, d.dfch, g.param(kFcW), N, C, 4 * C, false);
-  // dr = dout (residual path) + LN₂ backward
-  std::memcpy(d.dres1, dout, N * C * sizeof(float));
-  k::layernorm_backward_input(d.dres1, d.dln2, a.res1, g.param(kLn2W), a.ln2_mean, a.ln2_rstd, N, C);
+  // (row-parallel: dout gathered in place under SP)
+  tensor::RowParallelLinear(tp_, dims_.F, C).backward_input(s.scratch4c, dout + first, dout, g.param(kFcProjW), N);
+  k::gelu_backward(d.dfch, a.fch, s.scratch4c, N * dims_.F);
+  tensor::ColumnParallelLinear(tp_, C, dims_.F).backward_input(d.dln2, d.dfch, g.param(kFcW), N);
+  // dr = dout (residual path) + LN₂ backward, this rank's rows
+  float* dres1 = d.dres1 + first;
+  std::memcpy(dres1, dout + first, R * C * sizeof(float));
+  k::layernorm_backward_input(dres1, d.dln2, a.res1, g.param(kLn2W), a.ln2_mean, a.ln2_rstd, R, C);
   // Attention: r = x + atty·W_projᵀ + b
-  k::linear_backward_input(s.scratch_c, d.dres1, g.param(kAttnProjW), N, C, C, false);
-  k::attention_backward(d.dqkv, s.scratch_c, a.qkv, a.atty, a.lse, B, T, C, NH);
-  k::linear_backward_input(d.dln1, d.dqkv, g.param(kAttnW), N, C, 3 * C, false);
+  tensor::RowParallelLinear(tp_, dims_.A, C).backward_input(s.scratch_c, dres1, d.dres1, g.param(kAttnProjW), N);
+  k::attention_backward(d.dqkv, s.scratch_c, a.qkv, a.atty, a.lse, B, T, dims_.A, dims_.NH);
+  tensor::ColumnParallelLinear(tp_, C, 3 * dims_.A).backward_input(d.dln1, d.dqkv, g.param(kAttnW), N);
   // dx = dr (residual path) + LN₁ backward
-  std::memcpy(dx, d.dres1, N * C * sizeof(float));
-  k::layernorm_backward_input(dx, d.dln1, s.x[l], g.param(kLn1W), a.ln1_mean, a.ln1_rstd, N, C);
+  std::memcpy(dx + first, dres1, R * C * sizeof(float));
+  k::layernorm_backward_input(dx + first, d.dln1, s.x[l], g.param(kLn1W), a.ln1_mean, a.ln1_rstd, R, C);
 }
 
 void GPT::layer_backward_weight(Slot& s, int l) {
   const int C = config_.n_embd;
-  const int64_t N = static_cast<int64_t>(s.B) * s.T;
+  const int64_t N = static_cast<int64_t>(s.B) * s.T, R = rows(N);
+  const bool sp = tp_ && tp_->sequence_parallel();
   ParamGroup& g = block_group(l);
   LayerActs& a = s.layers[l];
   LayerGrads& d = dlayer_of(s, l);
-  const float* dout = dx_of(s, l + 1);
-  linear_weight_grads(g, kFcProjW, kFcProjB, dout, a.fch_gelu, N, 4 * C, C);
-  linear_weight_grads(g, kFcW, kFcB, d.dfch, a.ln2, N, C, 4 * C);
-  layernorm_weight_grads(g, kLn2W, kLn2B, d.dln2, a.res1, a.ln2_mean, a.ln2_rstd, N);
-  linear_weight_grads(g, kAttnProjW, kAttnProjB, d.dres1, a.atty, N, C, C);
-  linear_weight_grads(g, kAttnW, kAttnB, d.dqkv, a.ln1, N, C, 3 * C);
-  layernorm_weight_grads(g, kLn1W, kLn1B, d.dln1, s.x[l], a.ln1_mean, a.ln1_rstd, N);
+  const float* dout = dx_of(s, l + 1);  // whole (gathered by backward_input under SP)
+  // The column-parallel layers' inputs are LayerNorm outputs, kept as this
+  // rank's rows under SP: gathered again here (Megatron does the same)
+  // rather than kept whole, which would undo half of SP's saving.
+  auto whole = [&](const float* ln) { return sp ? tp_->gather(ln, s.work, N, C, "LayerNorm output (again)") : ln; };
+  linear_weight_grads(g, kFcProjW, kFcProjB, dout, a.fch_gelu, N, dims_.F, C);
+  linear_weight_grads(g, kFcW, kFcB, d.dfch, whole(a.ln2), N, C, dims_.F);
+  layernorm_weight_grads_sp(g, kLn2W, kLn2B, d.dln2, a.res1, a.ln2_mean, a.ln2_rstd, R, s.ln_scratch);
+  linear_weight_grads(g, kAttnProjW, kAttnProjB, d.dres1, a.atty, N, dims_.A, C);
+  linear_weight_grads(g, kAttnW, kAttnB, d.dqkv, whole(a.ln1), N, C, 3 * dims_.A);
+  layernorm_weight_grads_sp(g, kLn1W, kLn1B, d.dln1, s.x[l], a.ln1_mean, a.ln1_rstd, R, s.ln_scratch);
 }
 
-void GPT::embedding_backward_weight(Slot& s) { tied().lookup_backward(dx_of(s, 0), s.inputs, s.B, s.T); }
+void GPT::embedding_backward_weight(Slot& s) {
+  // Every rank needs the whole dx₀: its wte rows may be any token's, and
+  // wpe (replicated) gets the same whole gradient on every rank.
+  const int64_t N = static_cast<int64_t>(s.B) * s.T;
+  float* dx0 = dx_of(s, 0);
+  if (tp_) tp_->gather(dx0 + first_row(N) * config_.n_embd, dx0, N, config_.n_embd, "embedding gradient");
+  tied().lookup_backward(dx0, s.rows, s.B, s.T);
+}
+
+// The carve sizes of slot s's micro-batch (or of its capacity).
+CarveSizes GPT::grad_sizes(const Slot& s, bool capacity) const {
+  const int64_t N = capacity ? s.capacity_tokens : static_cast<int64_t>(s.B) * s.T;
+  return carve_sizes(dims_, config_, N, rows(N), tp_ && tp_->sequence_parallel());
+}
 
 static Slot& existing_slot(std::vector<std::unique_ptr<Slot>>& slots, int index) {
   LATTICE_CHECK(index >= 0 && static_cast<size_t>(index) < slots.size() && slots[index],
@@ -621,7 +789,7 @@ void GPT::backward_input(int slot_index) {
   Slot& s = existing_slot(slots_, slot_index);
   LATTICE_CHECK(s.has_forward && !s.has_backward_input,
                 "backward_input on micro-batch slot " << slot_index << " without a pending forward");
-  prepare_grads(s, config_, true);
+  prepare_grads(s, grad_sizes(s), grad_sizes(s, true), true);
   head_input_with_hooks(s);
   for (int l = config_.n_layer - 1; l >= 0; l--) {
     params_in(block_index(l), Pass::Backward);
@@ -651,7 +819,7 @@ void GPT::backward(int slot_index) {
   Slot& s = existing_slot(slots_, slot_index);
   LATTICE_CHECK(s.has_forward && !s.has_backward_input,
                 "backward on micro-batch slot " << slot_index << " without a pending forward");
-  prepare_grads(s, config_, false);
+  prepare_grads(s, grad_sizes(s), grad_sizes(s, true), false);
   head_input_with_hooks(s);
   head_weight_with_hooks(s);
   for (int l = config_.n_layer - 1; l >= 0; l--) {

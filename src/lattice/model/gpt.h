@@ -16,6 +16,15 @@
 // weight gradient needs; backward_weight(slot) then does the dW GEMMs and
 // reductions. backward(slot) does both layer by layer — the same arithmetic in
 // the same order, with one layer's gradient buffers instead of all of them.
+//
+// Tensor parallelism (parallel/tensor/tensor_parallel.h): given a TP group,
+// the model declares only its slice of each parameter (ShardSpecs: c_attn by
+// heads of Q, K and V, c_fc by output rows, both c_proj by input columns, wte
+// by vocabulary rows; LayerNorms, row-parallel biases and wpe replicated) and
+// every size it works with — heads, 4C/t, the vocabulary range — comes from
+// those slices. The block code calls the column- and row-parallel layers,
+// which communicate; with sequence parallelism the residual stream and the
+// LayerNorm inputs and outputs hold this rank's rows only.
 #pragma once
 
 #include <cstdint>
@@ -25,9 +34,14 @@
 #include "lattice/model/config.h"
 #include "lattice/model/param_group.h"
 
+namespace lattice::tensor {
+class TensorParallel;
+}
+
 namespace lattice::model {
 
 struct Slot;         // one micro-batch's activations (gpt.cpp)
+struct CarveSizes;   // the sizes its buffers are carved with (gpt.cpp)
 struct DecodeState;  // the key/value cache of decode() (gpt.cpp)
 
 // What the model tells the parallel layers about its parameter groups as it
@@ -51,21 +65,25 @@ struct DecodeState;  // the key/value cache of decode() (gpt.cpp)
 // model has its own implementation over the embedding group's buffers;
 // ZeRO-2/3 install one that works on a sharded embedding (piece by piece,
 // never holding the whole table: parallel/zero/sharded_embedding.h), and the
-// vocabulary-parallel embedding of tensor parallelism will be a third.
+// vocabulary-parallel embedding of tensor parallelism works through either:
+// the model maps token ids to rows of this rank's wte slice (Vw rows below:
+// the whole padded vocabulary on one process), a negative row meaning a token
+// another rank holds, and sums the ranks' lookups (tensor/vocab_parallel.h).
 class TiedEmbedding {
  public:
   virtual ~TiedEmbedding() = default;
-  // x[b,t,:] = wte[tokens[b,t]] + wpe[first_position + t]       x: [B·T, C]
-  virtual void lookup(float* x, const int32_t* tokens, int B, int T, int first_position) = 0;
-  // logits[i, 0:Vp] = lnf_i · wteᵀ for `rows` rows of lnf (leading dimension
-  // ld); logits has leading dimension Vp.
+  // x[b,t,:] = wte[rows[b,t]] (0 for a negative row) + wpe[first_position + t]
+  // (only with `positions`)                                        x: [B·T, C]
+  virtual void lookup(float* x, const int32_t* rows, int B, int T, int first_position, bool positions) = 0;
+  // logits[i, 0:Vw] = lnf_i · wteᵀ for `rows` rows of lnf (leading dimension
+  // ld); logits has leading dimension Vw.
   virtual void head_forward(float* logits, const float* lnf, int64_t rows, int64_t ld) = 0;
-  // dlnf[N, C] = dlogits[N, Vp] · wte   (written)
+  // dlnf[N, C] = dlogits[N, Vw] · wte   (written)
   virtual void head_backward_input(float* dlnf, const float* dlogits, int64_t N) = 0;
   // d wte (+)= dlogitsᵀ · lnf   (the head's share of wte's gradient)
   virtual void head_backward_weight(const float* dlogits, const float* lnf, int64_t N) = 0;
-  // d wte[tokens[b,t]] += dx[b,t,:] ;  d wpe[t] (+)= Σ_b dx[b,t,:]   (the lookup's share)
-  virtual void lookup_backward(const float* dx, const int32_t* tokens, int B, int T) = 0;
+  // d wte[rows[b,t]] += dx[b,t,:] (negative rows skipped) ;  d wpe[t] (+)= Σ_b dx[b,t,:]
+  virtual void lookup_backward(const float* dx, const int32_t* rows, int B, int T) = 0;
 };
 
 class GroupHooks {
@@ -87,22 +105,32 @@ class GroupHooks {
 class GPT {
  public:
   // Declares, allocates and initialises every parameter from (seed, name, index).
-  GPT(const ModelConfig& config, uint64_t seed);
+  // `tp`: the tensor-parallel group this rank belongs to (not owned), or null
+  // for the whole model on one rank. Every constructor takes it.
+  GPT(const ModelConfig& config, uint64_t seed, tensor::TensorParallel* tp = nullptr);
   // For a caller that loads every parameter from a file next: allocates the
   // parameters (zero) without drawing initial values, which takes seconds at
   // GPT-2 124M for nothing.
   struct NoInit {};
-  GPT(const ModelConfig& config, NoInit);
+  GPT(const ModelConfig& config, NoInit, tensor::TensorParallel* tp = nullptr);
   // Declares every parameter without allocating anything: for data
   // parallelism, which allocates what each rank keeps (ZeRO) and initialises
   // it with ParamGroup::initial_values.
   struct Unallocated {};
-  GPT(const ModelConfig& config, Unallocated);
+  GPT(const ModelConfig& config, Unallocated, tensor::TensorParallel* tp = nullptr);
   ~GPT();
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
 
   const ModelConfig& config() const { return config_; }
+  tensor::TensorParallel* tensor_parallel() const { return tp_; }
+  // Ranks of the TP group (1 without one) and this rank's place in it.
+  int tp_size() const;
+  int tp_rank() const;
+  // Rows of wte over all ranks (the padded vocabulary, tensor::padded_vocab)
+  // and here (its slice: the width of the logits forward() computes).
+  int wte_rows() const { return vocab_full_; }
+  int local_vocab() const { return dims_.V; }
   // Groups in order: "embedding" (wte, wpe), "h.0" ... "h.{L-1}", "ln_f".
   std::vector<ParamGroup>& groups() { return groups_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
@@ -128,7 +156,8 @@ class GPT {
 
   // Mean loss without storing anything for backward (evaluation).
   float evaluate(const int32_t* inputs, const int32_t* targets, int B, int T);
-  // Logits [B, Vp] of the last position of each of the B sequences (generation).
+  // Logits [B, Vp] of the last position of each of the B sequences (generation;
+  // one process: `lattice generate` loads any layout's checkpoint whole).
   // The pointer is valid until the next call.
   const float* last_logits(const int32_t* inputs, int B, int T);
 
@@ -163,10 +192,36 @@ class GPT {
   int64_t num_params() const { return config_.num_params(); }
   // Bytes of activation memory one micro-batch slot of B×T tokens takes.
   size_t slot_bytes(int B, int T) const;
+  // Of which what the forward keeps for the backward (tensor/sequence
+  // parallelism's activation-memory formulas count this).
+  size_t stored_activation_bytes(int B, int T) const;
+
+  // This rank's sizes: the slices of tensor parallelism (the whole model
+  // without it). C is never cut; the residual stream keeps `rows(N)` rows.
+  struct Dims {
+    int C = 0;   // n_embd
+    int NH = 0;  // attention heads here
+    int A = 0;   // attention width here, NH·head_size (C/t)
+    int F = 0;   // MLP hidden width here (4C/t)
+    int V = 0;   // vocabulary rows of wte here (padded vocabulary / t)
+  };
+  const Dims& dims() const { return dims_; }
 
  private:
   struct Build {};
-  GPT(Build, const ModelConfig& config, const uint64_t* seed, bool allocate);  // seed null: no init
+  GPT(Build, const ModelConfig& config, const uint64_t* seed, bool allocate,
+      tensor::TensorParallel* tp);  // seed null: no init
+  // Under TP: rows kept between the parallel regions, and the first of them.
+  int64_t rows(int64_t N) const;
+  int64_t first_row(int64_t N) const;
+  // Cross-entropy of the head's logits into s.losses (dlogits in place with `backward`).
+  void loss(Slot& s, const int32_t* targets, bool backward, float dloss);
+  void check_one_process(const char* what) const;
+  CarveSizes grad_sizes(const Slot& s, bool capacity = false) const;
+  // Sums partial LayerNorm weight gradients over the TP group (sequence
+  // parallelism: each rank saw its rows only), then stores them in g.
+  void layernorm_weight_grads_sp(ParamGroup& g, int w, int b, const float* dout, const float* inp,
+                                 const float* mean, const float* rstd, int64_t rows, float* scratch);
   Slot& slot(int index, int B, int T);
   // Slot 0 when no micro-batch is in flight there, else a separate one.
   Slot& inference_slot(int B, int T);
@@ -189,6 +244,11 @@ class GPT {
                               const float* rstd, int64_t N);
 
   ModelConfig config_;
+  tensor::TensorParallel* tp_ = nullptr;
+  Dims dims_;
+  int vocab_full_ = 0;
+  int64_t vocab_first_ = 0;  // first vocabulary id of this rank's wte rows
+  int vocab_real_ = 0;       // of which real (ids < vocab_size)
   std::vector<ParamGroup> groups_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<Slot> eval_slot_;

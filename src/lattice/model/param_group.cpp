@@ -39,6 +39,30 @@ int64_t ShardSpec::full_index(const std::vector<int64_t>& full, const std::vecto
   return result;
 }
 
+void assemble_full(const ParamInfo& p, const std::vector<const float*>& slices, float* full) {
+  if (p.shard.split_dim < 0) {
+    std::copy(slices[0], slices[0] + p.numel(), full);
+    return;
+  }
+  LATTICE_CHECK(static_cast<int>(slices.size()) == p.shard.num_shards,
+                "assemble_full(" << p.name << "): " << slices.size() << " slices for " << p.shard.num_shards
+                                 << " shards");
+  const int64_t n = p.numel();
+  for (int r = 0; r < p.shard.num_shards; r++) {
+    ShardSpec spec = p.shard;
+    spec.shard_index = r;
+    const float* src = slices[r];
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) full[spec.full_index(p.full_shape, p.shape, i)] = src[i];
+  }
+}
+
+void extract_slice(const ParamInfo& p, const float* full, float* slice) {
+  const int64_t n = p.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) slice[i] = full[p.shard.full_index(p.full_shape, p.shape, i)];
+}
+
 void ParamGroup::add(ParamInfo info) {
   LATTICE_CHECK(data_.empty(), "ParamGroup " << name_ << ": add() after allocate()");
   info.shape = info.shard.local_shape(info.full_shape);

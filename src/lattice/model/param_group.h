@@ -61,6 +61,13 @@ struct ParamInfo {
   }
 };
 
+// Between a parameter's slice (its ShardSpec's) and its full logical tensor,
+// both in lattice's layout: rank r's slice is the spec with shard_index r.
+// slices[r] points at rank r's slice of p (numel() floats each).
+void assemble_full(const ParamInfo& p, const std::vector<const float*>& slices, float* full);
+// This rank's slice of p from the full tensor (full_shape, row-major).
+void extract_slice(const ParamInfo& p, const float* full, float* slice);
+
 class ParamGroup {
  public:
   ParamGroup() = default;

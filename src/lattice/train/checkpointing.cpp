@@ -2,11 +2,13 @@
 
 #include <filesystem>
 
+#include "lattice/comm/process_mesh.h"
 #include "lattice/core/error.h"
 #include "lattice/io/checkpoint.h"
 #include "lattice/io/config.h"
 #include "lattice/io/safetensors.h"
 #include "lattice/parallel/data/data_parallel.h"
+#include "lattice/parallel/tensor/tensor_parallel.h"
 #include "lattice/train/model_io.h"
 #include "lattice/train/trainer.h"
 
@@ -16,17 +18,51 @@ namespace fs = std::filesystem;
 
 static const char* kMomentSuffix[2] = {".exp_avg", ".exp_avg_sq"};
 
+static parallel::DataParallel::State state_of(ModelBuffer which) {
+  switch (which) {
+    case ModelBuffer::Params: return parallel::DataParallel::State::Params;
+    case ModelBuffer::AdamM: return parallel::DataParallel::State::AdamM;
+    case ModelBuffer::AdamV: break;
+  }
+  return parallel::DataParallel::State::AdamV;
+}
+
+std::vector<HfTensor> Trainer::group_tensors(size_t g, ModelBuffer which, bool all_ranks) {
+  const model::ParamGroup& group = model_->groups()[g];
+  const size_t capacity = static_cast<size_t>(group.capacity());
+  std::vector<float> local(capacity);
+  dp_->gather_full(g, state_of(which), local.data());  // this TP rank's slices, whole over DP
+  if (!tp_) return all_ranks || is_root_ ? export_hf_group(group, local.data()) : std::vector<HfTensor>{};
+  // Every TP rank's group buffer (the same layout on each), then each sliced
+  // parameter assembled from them. Only the TP group of the world's root
+  // needs to, unless every rank wants the tensors.
+  if (!all_ranks && mesh_->coord().dp != 0) return {};
+  const int t = tp_->size();
+  std::vector<float> all(capacity * static_cast<size_t>(t));
+  mesh_->tp().all_gather(local.data(), all.data(), capacity, DType::F32);
+  if (!all_ranks && !is_root_) return {};
+  std::vector<const float*> bases;
+  for (int r = 0; r < t; r++) bases.push_back(all.data() + static_cast<size_t>(r) * capacity);
+  return export_hf_group(group, local.data(), bases);
+}
+
+std::vector<HfTensor> Trainer::full_tensors(ModelBuffer which) {
+  std::vector<HfTensor> out;
+  for (size_t g = 0; g < model_->groups().size(); g++)
+    for (HfTensor& t : group_tensors(g, which, true)) out.push_back(std::move(t));
+  return out;
+}
+
 // Whatever the layout, a checkpoint holds full logical tensors by HF name:
 // every group's parameters and moments are gathered over the data-parallel
-// ranks one group at a time (DataParallel::gather_full) and rank 0 streams
-// them into the files as they come (io::SafeTensorsStream), so no rank ever
-// holds more than one group's worth; the directory is committed atomically
-// (io/checkpoint.h). So any layout loads any checkpoint.
+// ranks one group at a time (DataParallel::gather_full), the slices of
+// tensor parallelism assembled into whole tensors, and rank 0 streams them
+// into the files as they come (io::SafeTensorsStream), so no rank ever holds
+// more than one group's worth (times tp); the directory is committed
+// atomically (io/checkpoint.h). So any layout loads any checkpoint.
 std::string Trainer::save_checkpoint() {
   LATTICE_CHECK(!config_.checkpoint.dir.empty(), "save_checkpoint needs checkpoint.dir");
-  const parallel::DataParallel::State which[3] = {parallel::DataParallel::State::Params,
-                                                  parallel::DataParallel::State::AdamM,
-                                                  parallel::DataParallel::State::AdamV};
+  const ModelBuffer which[3] = {ModelBuffer::Params, ModelBuffer::AdamM, ModelBuffer::AdamV};
   std::unique_ptr<io::CheckpointWriter> w;
   std::unique_ptr<io::SafeTensorsStream> files[2];  // model, optimizer
   if (is_root_) {
@@ -44,15 +80,9 @@ std::string Trainer::save_checkpoint() {
     files[1] = std::make_unique<io::SafeTensorsStream>(layout[1], w->path("optimizer.safetensors"));
   }
   for (size_t g = 0; g < model_->groups().size(); g++) {
-    const model::ParamGroup& group = model_->groups()[g];
-    std::vector<float> full[3];
-    for (int k = 0; k < 3; k++) {
-      full[k].resize(static_cast<size_t>(group.capacity()));
-      dp_->gather_full(g, which[k], full[k].data());
-    }
-    if (!is_root_) continue;
     std::vector<HfTensor> tensors[3];
-    for (int k = 0; k < 3; k++) tensors[k] = export_hf_group(group, full[k].data());
+    for (int k = 0; k < 3; k++) tensors[k] = group_tensors(g, which[k], false);
+    if (!is_root_) continue;
     for (size_t i = 0; i < tensors[0].size(); i++) {
       files[0]->append(tensors[0][i].data.data(), tensors[0][i].data.size() * sizeof(float));
       for (int k = 1; k < 3; k++) files[1]->append(tensors[k][i].data.data(), tensors[k][i].data.size() * sizeof(float));
@@ -69,6 +99,9 @@ std::string Trainer::save_checkpoint() {
   meta.set("loss_scale", io::JsonValue::number(1.0));
   meta.set("train_loader", train_data_->state());
   meta.set("saved_by", io::JsonValue::string("parallel.dp=" + std::to_string(config_.parallel.dp) +
+                                             " parallel.tp=" + std::to_string(config_.parallel.tp) +
+                                             " parallel.sequence_parallel=" +
+                                             (config_.parallel.sequence_parallel ? "true" : "false") +
                                              " parallel.zero_stage=" + std::to_string(config_.parallel.zero_stage)));
   return w->commit(std::move(meta), config_.checkpoint.keep);
 }

@@ -19,26 +19,41 @@ std::vector<int64_t> hf_shape(const model::ParamInfo& p) {
   return s;
 }
 
-std::vector<HfTensor> export_hf_group(const model::ParamGroup& group, const float* base) {
+HfTensor export_hf_param(const model::ParamInfo& p, const float* full) {
+  HfTensor t;
+  t.name = p.name;
+  t.shape = hf_shape(p);
+  int64_t n = 1;
+  for (int64_t d : t.shape) n *= d;
+  t.data.resize(n);
+  if (p.hf_conv1d) {
+    // lattice [out, in] → HF [in, out]
+    const int64_t rows = p.full_shape[0], cols = p.full_shape[1];
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t c = 0; c < cols; c++) t.data[c * rows + r] = full[r * cols + c];
+  } else {
+    std::memcpy(t.data.data(), full, n * sizeof(float));  // wte: its first real_rows rows
+  }
+  return t;
+}
+
+std::vector<HfTensor> export_hf_group(const model::ParamGroup& group, const float* base,
+                                      const std::vector<const float*>& tp_bases) {
   std::vector<HfTensor> out;
+  std::vector<float> full;
   for (const model::ParamInfo& p : group.params()) {
-    LATTICE_CHECK(p.shard.split_dim < 0, "export of sharded parameter " << p.name << " needs a gather first");
-    HfTensor t;
-    t.name = p.name;
-    t.shape = hf_shape(p);
-    int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
-    t.data.resize(n);
-    const float* src = base + p.offset;
-    if (p.hf_conv1d) {
-      // lattice [out, in] → HF [in, out]
-      const int64_t rows = p.full_shape[0], cols = p.full_shape[1];
-      for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) t.data[c * rows + r] = src[r * cols + c];
-    } else {
-      std::memcpy(t.data.data(), src, n * sizeof(float));
+    if (p.shard.split_dim < 0) {
+      out.push_back(export_hf_param(p, base + p.offset));
+      continue;
     }
-    out.push_back(std::move(t));
+    LATTICE_CHECK(!tp_bases.empty(), "export of sliced parameter " << p.name << " needs every rank's slice");
+    std::vector<const float*> slices;
+    for (const float* b : tp_bases) slices.push_back(b + p.offset);
+    int64_t n = 1;
+    for (int64_t d : p.full_shape) n *= d;
+    full.assign(static_cast<size_t>(n), 0.0f);
+    model::assemble_full(p, slices, full.data());
+    out.push_back(export_hf_param(p, full.data()));
   }
   return out;
 }
@@ -63,7 +78,14 @@ void import_hf_group(const model::ParamGroup& group, float* base, const HfSource
     LATTICE_CHECK(ok, src.source << ": tensor '" << p.name << "' has shape " << shape_string(have)
                                  << " but this model needs " << shape_string(want)
                                  << " (check model.n_layer/n_head/n_embd/vocab_size/seq_len)");
-    float* dst = base + p.offset;
+    // A sliced parameter is read whole, then this rank's slice taken.
+    std::vector<float> whole;
+    if (p.shard.split_dim >= 0) {
+      int64_t total = 1;
+      for (int64_t d : p.full_shape) total *= d;
+      whole.assign(static_cast<size_t>(total), 0.0f);
+    }
+    float* dst = whole.empty() ? base + p.offset : whole.data();
     int64_t n = 1;
     for (int64_t d : want) n *= d;
     if (p.hf_conv1d) {
@@ -79,6 +101,7 @@ void import_hf_group(const model::ParamGroup& group, float* base, const HfSource
         std::memset(dst + p.real_rows * row, 0, (p.full_shape[0] - p.real_rows) * row * sizeof(float));
       }
     }
+    if (!whole.empty()) model::extract_slice(p, whole.data(), base + p.offset);
   }
 }
 

@@ -33,7 +33,13 @@ std::vector<int64_t> hf_shape(const model::ParamInfo& p);
 // Every parameter as a full logical tensor in HF layout.
 std::vector<HfTensor> export_hf(model::GPT& model, const GroupBuffer& buffer);
 // The parameters of one group, from `base`, its flat buffer in lattice layout.
-std::vector<HfTensor> export_hf_group(const model::ParamGroup& group, const float* base);
+// Under tensor parallelism `base` is one rank's buffer and `tp_bases` (when
+// not empty) every TP rank's, in rank order: sliced parameters are assembled
+// into their full tensors.
+std::vector<HfTensor> export_hf_group(const model::ParamGroup& group, const float* base,
+                                      const std::vector<const float*>& tp_bases = {});
+// One parameter from its full logical tensor (lattice layout, full_shape).
+HfTensor export_hf_param(const model::ParamInfo& p, const float* full);
 
 // Fills every parameter from `lookup(name)`, which returns nullptr when the
 // tensor is absent (an error naming it) or a pointer to its shape and f32 data.
@@ -48,7 +54,8 @@ struct HfSource {
   std::string source;
 };
 void import_hf(model::GPT& model, const GroupBuffer& buffer, const HfSource& src);
-// One group's parameters into `base`, its flat buffer in lattice layout.
+// One group's parameters into `base`, its flat buffer in lattice layout; a
+// sliced parameter (tensor parallelism) gets this rank's slice of the full tensor.
 void import_hf_group(const model::ParamGroup& group, float* base, const HfSource& src);
 
 // Convenience wrappers over safetensors files.

@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "lattice/comm/process_mesh.h"
+#include "lattice/parallel/tensor/tensor_parallel.h"
 #include "lattice/comm/runtime.h"
 #include "lattice/core/error.h"
 #include "lattice/core/memory.h"
@@ -92,7 +93,7 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   const comm::MeshSizes sizes{p.pp, p.dp, p.cp, p.tp, p.ep};
   const int ranks = options_.ranks ? options_.ranks->size() : comm::world_size();
   comm::validate_mesh_sizes(ranks, sizes);
-  comm::refuse_unimplemented(sizes, {"dp"});
+  comm::refuse_unimplemented(sizes, {"dp", "tp"});
   mesh_ = std::make_unique<comm::ProcessMesh>(options_.ranks ? comm::ProcessMesh::create(sizes, *options_.ranks)
                                                              : comm::ProcessMesh::create(sizes));
   is_root_ = mesh_->world_rank() == 0;
@@ -134,7 +135,8 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   // The model declares its parameters; data parallelism and ZeRO (one rank:
   // stage 0 over a group of one, no communication) allocate what this rank
   // keeps, and own the optimizer and the gradient reduction.
-  model_ = std::make_unique<model::GPT>(model_config_, model::GPT::Unallocated{});
+  if (p.tp > 1) tp_ = std::make_unique<tensor::TensorParallel>(mesh_->tp(), p.sequence_parallel);
+  model_ = std::make_unique<model::GPT>(model_config_, model::GPT::Unallocated{}, tp_.get());
   parallel::DataParallelOptions dpo;
   dpo.zero_stage = p.zero_stage;
   dpo.bucket_bytes = p.bucket_mb * 1024.0 * 1024.0;
@@ -146,6 +148,8 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   dpo.adam.beta2 = static_cast<float>(config_.optim.beta2);
   dpo.adam.eps = static_cast<float>(config_.optim.eps);
   dpo.adam.weight_decay = static_cast<float>(config_.optim.weight_decay);
+  // The gradient norm over the TP group counts replicated parameters on TP rank 0 only.
+  dpo.count_replicated = mesh_->coord().tp == 0;
   dp_ = std::make_unique<parallel::DataParallel>(*model_, mesh_->dp(), dpo);
   // Initial values: drawn, or from a model file (every rank reads it and
   // keeps its part); resuming overwrites them all, so nothing is drawn then.
@@ -245,6 +249,8 @@ StepStats Trainer::train_step_unguarded() {
   Timer timer;
   const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
   const int micro = micro_batches_, ranks = dp_->ranks();
+  const uint64_t tp_bytes_before = tp_ ? tp_->group().stats().bytes_sent : 0;
+  if (tp_) tp_->reset_comm_seconds();
   dp_->begin_step();
   double loss_sum = 0;
   for (int m = 0; m < micro; m++) {
@@ -255,9 +261,13 @@ StepStats Trainer::train_step_unguarded() {
   }
   dp_->finish_gradients();
   // The gradients now hold the sum over ranks of each rank's mean over its
-  // micro-batches: 1/ranks makes it the mean over the global batch.
+  // micro-batches: 1/ranks makes it the mean over the global batch. (Every
+  // rank of a TP group has the whole loss: the vocabulary-parallel loss is
+  // reduced over the group.)
   const double loss = dp_->sum_over_ranks(loss_sum) / (static_cast<double>(micro) * ranks);
-  const double norm = std::sqrt(dp_->grad_sum_squares()) / ranks;
+  double sum_squares = dp_->grad_sum_squares();
+  if (tp_) mesh_->tp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
+  const double norm = std::sqrt(sum_squares) / ranks;
   const float lr = optim::lr_at(step_, config_.train.steps, config_.optim.warmup_steps,
                                 static_cast<float>(config_.optim.lr), static_cast<float>(config_.optim.min_lr));
   // Loss and norm are reduced: every rank takes this decision alike.
@@ -278,7 +288,12 @@ StepStats Trainer::train_step_unguarded() {
   s.step_ms = timer.millis();
   s.tokens_per_sec = tokens / (s.step_ms / 1e3);
   // Model FLOPs of the whole job over the peak of every rank's threads.
-  s.mfu = s.tokens_per_sec * model_config_.flops_per_token(T) / (peak_flops_ * ranks);
+  const int world = mesh_->world().size();
+  s.mfu = s.tokens_per_sec * model_config_.flops_per_token(T) / (peak_flops_ * world);
+  if (tp_) {
+    s.tp_comm_ms = tp_->comm_seconds() * 1e3;
+    s.tp_comm_bytes = tp_->group().stats().bytes_sent - tp_bytes_before;
+  }
   s.peak_mem_bytes = MemoryTracker::instance().peak_total();
   const parallel::DataParallel::StepComm c = dp_->last_step_comm();
   s.comm_ms = c.ran_s * 1e3;
@@ -291,7 +306,7 @@ StepStats Trainer::train_step_unguarded() {
     s.step_ms = worst[0];
     s.peak_mem_bytes = static_cast<size_t>(worst[1]);
     s.tokens_per_sec = tokens / (s.step_ms / 1e3);
-    s.mfu = s.tokens_per_sec * model_config_.flops_per_token(T) / (peak_flops_ * ranks);
+    s.mfu = s.tokens_per_sec * model_config_.flops_per_token(T) / (peak_flops_ * world);
   }
   s.comm_bytes = c.bytes;
   return s;
@@ -324,7 +339,7 @@ void Trainer::print_header() const {
   std::printf("lattice: GPT %s parameters (n_layer=%d n_head=%d n_embd=%d vocab=%d seq_len=%d)\n",
               human_count(static_cast<double>(model_->num_params())).c_str(), m.n_layer, m.n_head, m.n_embd,
               m.vocab_size, m.seq_len);
-  std::printf("lattice: batch %d x %d tokens x %d micro-batches x %d ranks = %lld tokens/step, %lld steps, "
+  std::printf("lattice: batch %d x %d tokens x %d micro-batches x %d data-parallel ranks = %lld tokens/step, %lld steps, "
               "%d threads per rank\n",
               config_.train.micro_batch_size, m.seq_len, micro_batches_, config_.parallel.dp,
               static_cast<long long>(io::global_batch_size(config_) * m.seq_len),
@@ -350,6 +365,13 @@ void Trainer::print_header() const {
                 cpus_, node_cores(), node_cores() - local_ranks_ * cpus_);
   }
   std::printf("lattice: %s\n", dp_->describe().c_str());
+  if (tp_) {
+    const model::GPT::Dims& d = model_->dims();
+    std::printf("lattice: tensor parallel over %d ranks%s: each holds %d of %d heads, %d of %d MLP columns and %d of "
+                "%d vocabulary rows (padded from %d)\n",
+                tp_->size(), tp_->sequence_parallel() ? ", sequence parallel" : "", d.NH, m.n_head, d.F,
+                4 * m.n_embd, d.V, model_->wte_rows(), m.vocab_size);
+  }
   if (config_.parallel.zero_stage > 0 && config_.parallel.dp == 1)
     std::printf("lattice: note: parallel.zero_stage=%d with parallel.dp=1 shards over one rank: it runs the "
                 "stage's machinery and trains the same model as stage 0%s\n",
@@ -372,11 +394,15 @@ void Trainer::print_step(const StepStats& s) const {
   if (dp_->ranks() > 1)
     std::snprintf(comm, sizeof comm, " | comm %.0f ms, %.0f%% hidden, %.0f ms exposed", s.comm_ms,
                   100.0 * s.comm_hidden, s.comm_exposed_ms);
-  std::printf("step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %.1f ms | %s tok/s | MFU %.1f%% | mem %s%s\n",
+  char tp[64] = "";
+  if (tp_)
+    std::snprintf(tp, sizeof tp, " | tp comm %.0f ms (%.0f%%)", s.tp_comm_ms,
+                  s.step_ms > 0 ? 100.0 * s.tp_comm_ms / s.step_ms : 0.0);
+  std::printf("step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %.1f ms | %s tok/s | MFU %.1f%% | mem %s%s%s\n",
               static_cast<int>(std::to_string(config_.train.steps).size()), static_cast<long long>(s.step),
               static_cast<long long>(config_.train.steps), s.loss, val, s.lr, s.grad_norm, s.step_ms,
               human_count(s.tokens_per_sec).c_str(), 100.0 * s.mfu,
-              format_bytes(static_cast<double>(s.peak_mem_bytes)).c_str(), comm);
+              format_bytes(static_cast<double>(s.peak_mem_bytes)).c_str(), comm, tp);
   std::fflush(stdout);
 }
 
@@ -411,6 +437,10 @@ int Trainer::run_unguarded() {
           {"comm_hidden", s.comm_hidden},
           {"comm_exposed_ms", s.comm_exposed_ms},
           {"comm_bytes", static_cast<double>(s.comm_bytes)}};
+      if (tp_) {
+        fields.push_back({"tp_comm_ms", s.tp_comm_ms});
+        fields.push_back({"tp_comm_bytes", static_cast<double>(s.tp_comm_bytes)});
+      }
       if (s.val_loss >= 0) fields.push_back({"val_loss", s.val_loss});
       metrics_->write(fields);
     }
@@ -452,7 +482,8 @@ int Trainer::run_unguarded() {
         break;
       }
     std::printf(", %s tok/s, MFU %.1f%%\n", human_count(tok_s).c_str(),
-                100.0 * tok_s * model_config_.flops_per_token(config_.model.seq_len) / (peak_flops_ * dp_->ranks()));
+                100.0 * tok_s * model_config_.flops_per_token(config_.model.seq_len) /
+                    (peak_flops_ * mesh_->world().size()));
     std::printf("lattice: peak memory %s\n", MemoryTracker::instance().summary().c_str());
     std::fflush(stdout);
   }

@@ -1,5 +1,8 @@
 // Trainer: builds the model, optimizer, data and logging from a RunConfig and
-// runs the step loop, on one process or as one rank of a data-parallel job.
+// runs the step loop, on one process or as one rank of a dp × tp job: each
+// tensor-parallel group of parallel.tp ranks holds one replica of the model
+// in slices (parallel/tensor), and data parallelism (with ZeRO sharding over
+// the dp ranks of each TP rank) runs over the replicas.
 //
 // One optimizer step = one global batch (train.global_batch_size, or dp ×
 // micro_batch_size × grad_accum_steps sequences): each data-parallel rank
@@ -25,6 +28,7 @@
 #include "lattice/optim/adamw.h"
 #include "lattice/train/batches.h"
 #include "lattice/train/machine.h"
+#include "lattice/train/model_io.h"
 
 namespace lattice::io {
 class MetricsWriter;
@@ -35,6 +39,9 @@ class ProcessMesh;
 }
 namespace lattice::parallel {
 class DataParallel;
+}
+namespace lattice::tensor {
+class TensorParallel;
 }
 
 namespace lattice::train {
@@ -48,6 +55,10 @@ struct StepStats {
   double comm_exposed_ms = 0;  // of which the compute thread waited for: the cost on the critical path
   double comm_hidden = 1;      // 1 - exposed / ran
   uint64_t comm_bytes = 0;  // bytes this rank sent
+  // Tensor-parallel communication of the step (0 without TP), rank 0's: the
+  // collectives sit on the critical path, so this is time the step waited.
+  double tp_comm_ms = 0;
+  uint64_t tp_comm_bytes = 0;
 };
 
 struct TrainerOptions {
@@ -79,6 +90,10 @@ class Trainer {
   model::GPT& model() { return *model_; }
   optim::AdamW& optimizer();
   parallel::DataParallel& data_parallel() { return *dp_; }
+  // Every parameter as its full logical tensor in HF layout (the checkpoint's
+  // view: the same names and values whatever the layout). Collective: every
+  // rank calls it; every rank gets the tensors.
+  std::vector<HfTensor> full_tensors(ModelBuffer which = ModelBuffer::Params);
   const comm::ProcessMesh& mesh() const { return *mesh_; }
   // Micro-batches each rank runs per step.
   int micro_batches() const { return micro_batches_; }
@@ -96,11 +111,16 @@ class Trainer {
   int run_unguarded();
   // The signal number if any rank was asked to stop, else 0 (collective).
   int stop_requested();
+  // Group g's buffer `which` as HF tensors: gathered over the DP group, then
+  // over the TP group. Collective; `all_ranks` false lets ranks other than
+  // the world's root skip the TP assembly (they return nothing).
+  std::vector<HfTensor> group_tensors(size_t g, ModelBuffer which, bool all_ranks);
 
   io::RunConfig config_;
   TrainerOptions options_;
   std::unique_ptr<comm::ProcessMesh> mesh_;
   model::ModelConfig model_config_;
+  std::unique_ptr<tensor::TensorParallel> tp_;
   std::unique_ptr<model::GPT> model_;
   std::unique_ptr<parallel::DataParallel> dp_;
   std::unique_ptr<BatchSource> train_data_, val_data_;

@@ -42,8 +42,9 @@ float row_sum_exp(const float* z, int V, float m) {
   return static_cast<float>(total);
 }
 
-// z_j ← exp(z_j - m) for j < V; returns Σ_j exp(z_j - m) (as row_sum_exp).
-float row_exp_in_place(float* z, int V, float m) {
+// z_j ← exp(z_j - m) for j < V; returns Σ_j exp(z_j - m) (as row_sum_exp),
+// in double: the vocabulary-parallel loss adds the ranks' sums before rounding.
+double row_exp_in_place_double(float* z, int V, float m) {
   double total = 0.0;
   for (int j0 = 0; j0 < V; j0 += kSumBlock) {
     const int j1 = std::min(V, j0 + kSumBlock);
@@ -56,8 +57,10 @@ float row_exp_in_place(float* z, int V, float m) {
     }
     total += s;
   }
-  return static_cast<float>(total);
+  return total;
 }
+
+float row_exp_in_place(float* z, int V, float m) { return static_cast<float>(row_exp_in_place_double(z, V, m)); }
 
 // z_j ← z_j·scale for j < V, 0 for the padding V ≤ j < Vp.
 void row_scale_and_clear_padding(float* z, int V, int Vp, float scale) {
@@ -100,6 +103,41 @@ void crossentropy_forward_backward(float* logits_inout, float* losses, const int
     losses[i] = m + std::log(s) - z_target;
     cpu::simd([&] { return row_scale_and_clear_padding(z, V, Vp, dloss / s); });
     z[target] -= dloss;
+  }
+}
+
+// ---- vocabulary-parallel pieces (the same row passes, on this rank's columns) ----
+
+void crossentropy_local_max(float* row_max_out, double* target_logit, const float* logits, const int32_t* targets,
+                            int64_t N, int64_t first, int real, int ld) {
+  LATTICE_CHECK(N >= 0 && real >= 0 && real <= ld, "crossentropy_local_max: need 0 <= real <= ld, got real="
+                                                        << real << " ld=" << ld);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* z = logits + i * ld;
+    row_max_out[i] = real > 0 ? cpu::simd([&] { return row_max(z, real); }) : -INFINITY;
+    const int64_t local = static_cast<int64_t>(targets[i]) - first;
+    target_logit[i] = local >= 0 && local < real ? static_cast<double>(z[local]) : 0.0;
+  }
+}
+
+void crossentropy_local_exp(float* logits_inout, double* sum_exp, const float* m, int64_t N, int real, int ld) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    float* z = logits_inout + i * ld;
+    sum_exp[i] = real > 0 ? cpu::simd([&] { return row_exp_in_place_double(z, real, m[i]); }) : 0.0;
+  }
+}
+
+void crossentropy_local_grad(float* logits_inout, const double* sum_exp, const int32_t* targets, int64_t N,
+                             int64_t first, int real, int ld, float dloss) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    float* z = logits_inout + i * ld;
+    const float s = static_cast<float>(sum_exp[i]);
+    cpu::simd([&] { return row_scale_and_clear_padding(z, real, ld, dloss / s); });
+    const int64_t local = static_cast<int64_t>(targets[i]) - first;
+    if (local >= 0 && local < real) z[local] -= dloss;
   }
 }
 

@@ -14,7 +14,14 @@ namespace {
 constexpr int64_t kColumnBlock = 64;  // columns per task in the scatter-add
 
 void forward_row(float* out, const float* wte_row, const float* wpe_row, int C) {
-  for (int c = 0; c < C; ++c) out[c] = wte_row[c] + wpe_row[c];
+  if (wte_row && wpe_row) {
+    for (int c = 0; c < C; ++c) out[c] = wte_row[c] + wpe_row[c];
+  } else if (wte_row || wpe_row) {
+    const float* row = wte_row ? wte_row : wpe_row;
+    for (int c = 0; c < C; ++c) out[c] = row[c];
+  } else {
+    for (int c = 0; c < C; ++c) out[c] = 0.0f;
+  }
 }
 
 // The same token may occur many times, so the rows of dwte cannot be split
@@ -26,11 +33,16 @@ void backward_columns(float* dwte, float* dwpe, const float* dout, const int32_t
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       const float* dy = dout + (static_cast<int64_t>(b) * T + t) * C;
-      float* dw = dwte + static_cast<int64_t>(tokens[b * T + t]) * C;
+      const int32_t token = tokens[b * T + t];
       float* dp = dwpe + static_cast<int64_t>(t) * C;
-      for (int64_t c = col_begin; c < col_end; ++c) {
-        dw[c] += dy[c];
-        dp[c] += dy[c];
+      if (token >= 0) {
+        float* dw = dwte + static_cast<int64_t>(token) * C;
+        for (int64_t c = col_begin; c < col_end; ++c) {
+          dw[c] += dy[c];
+          dp[c] += dy[c];
+        }
+      } else {
+        for (int64_t c = col_begin; c < col_end; ++c) dp[c] += dy[c];
       }
     }
 }
@@ -42,7 +54,8 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < static_cast<int64_t>(B) * T; ++bt) {
     const int64_t t = bt % T;
-    cpu::simd([&] { return forward_row(out + bt * C, wte + static_cast<int64_t>(tokens[bt]) * C, wpe + t * C, C); });
+    const float* wte_row = tokens[bt] >= 0 ? wte + static_cast<int64_t>(tokens[bt]) * C : nullptr;
+    cpu::simd([&] { return forward_row(out + bt * C, wte_row, wpe ? wpe + t * C : nullptr, C); });
   }
 }
 

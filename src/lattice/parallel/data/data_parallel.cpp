@@ -145,6 +145,8 @@ DataParallel::DataParallel(model::GPT& model, comm::Communicator& dp, const Data
       seg.state_offset = shard_base_[g] + run.shard_offset;
       seg.decay = group.params()[run.param].weight_decay;
       segments.push_back(seg);
+      if (!options.count_replicated && group.params()[run.param].shard.split_dim >= 0)
+        norm_segments_.emplace_back(seg.grad, seg.n);
     }
   }
   if (stage == 3) {
@@ -276,7 +278,12 @@ double DataParallel::sum_over_ranks(double x) {
 }
 
 double DataParallel::grad_sum_squares() {
-  const double local = optimizer_->grad_sum_squares();
+  double local = 0;
+  if (options_.count_replicated) {
+    local = optimizer_->grad_sum_squares();
+  } else {
+    for (const auto& [grad, n] : norm_segments_) local += kernels::sum_squares(grad, n);
+  }
   // Stage 0: every rank holds the whole summed gradient already.
   return stage() == 0 ? local : sum_over_ranks(local);
 }

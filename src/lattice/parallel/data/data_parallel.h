@@ -62,6 +62,11 @@ struct DataParallelOptions {
   std::string offload_dir;
   double offload_window_bytes = 64.0 * (1 << 20);
   optim::AdamWConfig adam;
+  // Whether grad_sum_squares counts parameters that are whole on every rank
+  // of a tensor-parallel group (ShardSpec split_dim < 0). Under tensor
+  // parallelism only TP rank 0 counts them, so the sum over the TP group
+  // counts each replicated parameter once and each slice once.
+  bool count_replicated = true;
 };
 
 class DataParallel final : public model::GroupHooks {
@@ -97,7 +102,8 @@ class DataParallel final : public model::GroupHooks {
   // gradient slices (all of them at stage 0) then hold the sum over ranks.
   void finish_gradients();
   // Σ g² of the summed gradient over every parameter, counted once (each
-  // rank adds its slices, then one all-reduce of a scalar; stage 0 needs none).
+  // rank adds its slices, then one all-reduce of a scalar; stage 0 needs none);
+  // without options.count_replicated, over the tensor-sliced parameters only.
   double grad_sum_squares();
   // AdamW on this rank's shard (grad_scale multiplies every gradient: the
   // 1/(n·...) averaging and clipping), then the parameters made whole again
@@ -148,6 +154,8 @@ class DataParallel final : public model::GroupHooks {
   std::vector<int64_t> shard_base_;  // offset of group g in the optimizer state
   std::unique_ptr<CommStream> stream_;
   std::unique_ptr<optim::AdamW> optimizer_;
+  // Without count_replicated: the optimizer's segments grad_sum_squares counts.
+  std::vector<std::pair<const float*, int64_t>> norm_segments_;
   std::unique_ptr<Pool> param_pool_, grad_pool_;
   // The embedding group, piece by piece: at stages 2-3 always (sharded), at
   // stages 0-1 with more than one rank (its gradient reduced early); else null.

@@ -20,7 +20,7 @@ ShardedEmbedding::ShardedEmbedding(model::ParamGroup& group, const model::ModelC
                                    Gradients gradients, float* grad_shard)
     : group_(group),
       C_(config.n_embd),
-      Vp_(config.padded_vocab()),
+      Vp_(static_cast<int>(group.params()[kWte].shape[0])),  // this rank's rows (tensor parallelism: a range)
       shard_(shard),
       stream_(stream),
       params_(params),
@@ -186,10 +186,10 @@ void ShardedEmbedding::exchange_tokens(const int32_t* tokens, int64_t count) {
   stream_.wait(stream_.all_gather(mine, tokens_all_.as<float>(), static_cast<size_t>(count), "tokens"));
 }
 
-void ShardedEmbedding::lookup(float* x, const int32_t* tokens, int B, int T, int first_position) {
+void ShardedEmbedding::lookup(float* x, const int32_t* tokens, int B, int T, int first_position, bool positions) {
   if (!params_) {
-    k::embedding_forward(x, tokens, group_.param(kWte),
-                         group_.param(kWpe) + static_cast<int64_t>(first_position) * C_, B, T, C_);
+    const float* wpe = positions ? group_.param(kWpe) + static_cast<int64_t>(first_position) * C_ : nullptr;
+    k::embedding_forward(x, tokens, group_.param(kWte), wpe, B, T, C_);
     return;
   }
   const int n = shard_.ranks;
@@ -205,8 +205,8 @@ void ShardedEmbedding::lookup(float* x, const int32_t* tokens, int B, int T, int
 #pragma omp parallel for schedule(static)
   for (int64_t j = 0; j < n * BT; j++) {
     float* out = rows + j * C_;
-    add_owned_row(out, static_cast<int64_t>(all[j]), params_);
-    add_owned_row(out, wpe_row_ + first_position + (j % BT) % T, params_);
+    if (all[j] >= 0) add_owned_row(out, static_cast<int64_t>(all[j]), params_);  // negative: another TP rank's
+    if (positions) add_owned_row(out, wpe_row_ + first_position + (j % BT) % T, params_);
   }
   stream_.wait(stream_.reduce_scatter(rows, x, static_cast<size_t>(BT * C_), "lookup"));
 }
@@ -245,15 +245,17 @@ void ShardedEmbedding::lookup_into_group(const float* dx, const int32_t* tokens,
       const int64_t c1 = std::min<int64_t>(C_, c0 + 64);
       for (int64_t j = 0; j < total; j++) {
         const float* v = rows + j * C_;
-        float* dw = grad + static_cast<int64_t>(all[j]) * C_;
         float* dp = grad + (wpe + (j % BT) % T) * C_;
-        for (int64_t c = c0; c < c1; c++) dw[c] += v[c];
+        if (all[j] >= 0) {  // negative: a token another tensor-parallel rank holds
+          float* dw = grad + static_cast<int64_t>(all[j]) * C_;
+          for (int64_t c = c0; c < c1; c++) dw[c] += v[c];
+        }
         for (int64_t c = c0; c < c1; c++) dp[c] += v[c];
       }
     }
   } else {
     for (int64_t j = 0; j < total; j++) {
-      add_to_owned(grad, static_cast<int64_t>(all[j]), rows + j * C_, /*home=*/true);
+      if (all[j] >= 0) add_to_owned(grad, static_cast<int64_t>(all[j]), rows + j * C_, /*home=*/true);
       add_to_owned(grad, wpe_row_ + (j % BT) % T, rows + j * C_, /*home=*/true);
     }
   }
@@ -271,7 +273,7 @@ void ShardedEmbedding::lookup_backward(const float* dx, const int32_t* tokens, i
   const float* all = tokens_all_.as<float>();
   for (int64_t j = 0; j < n * BT; j++) {
     const float* values = rows + j * C_;
-    add_to_owned(grad_shard_, static_cast<int64_t>(all[j]), values);
+    if (all[j] >= 0) add_to_owned(grad_shard_, static_cast<int64_t>(all[j]), values);
     add_to_owned(grad_shard_, wpe_row_ + (j % BT) % T, values);
   }
 }

@@ -72,7 +72,7 @@ class ShardedEmbedding final : public model::TiedEmbedding {
   size_t param_buffer_bytes() const;
   size_t grad_buffer_bytes() const;
 
-  void lookup(float* x, const int32_t* tokens, int B, int T, int first_position) override;
+  void lookup(float* x, const int32_t* tokens, int B, int T, int first_position, bool positions) override;
   void head_forward(float* logits, const float* lnf, int64_t rows, int64_t ld) override;
   void head_backward_input(float* dlnf, const float* dlogits, int64_t N) override;
   void head_backward_weight(const float* dlogits, const float* lnf, int64_t N) override;

@@ -1,0 +1,510 @@
+// Tensor and sequence parallelism, run under mpiexec (2 and 4 ranks).
+//
+//  - the parallel layers (column/row-parallel MLP, vocabulary-parallel loss)
+//    against the unsplit computation, forward and backward, on every rank
+//    count the job has, SP off and on;
+//  - equivalence: every layout (tp ∈ {2, 4}, SP off/on, GPT-2's vocabulary
+//    50257 and one divisible by t, dp2×tp2 with ZeRO-1 and ZeRO-3) trains the
+//    model of one process with the same global batch: losses to 1e-5
+//    relative after 10 steps, full parameters (gathered, assembled, in HF
+//    layout) to 1e-4 absolute — the tolerance dp_test.cpp derives from the
+//    fp32-vs-fp64 study of the same model and recipe;
+//  - checkpoints written at tp=2 resume at tp=1 and tp=4 on the same run;
+//  - bytes on the wire per micro-batch against Megatron's counts;
+//  - stored activations per rank against Korthikanti et al.'s formulas,
+//    adjusted to what lattice keeps.
+//
+// Each rank computes the one-process reference itself on a communicator of
+// its own (TrainerOptions::ranks).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lattice/comm/mpi_communicator.h"
+#include "lattice/comm/process_mesh.h"
+#include "lattice/comm/runtime.h"
+#include "lattice/core/error.h"
+#include "lattice/core/rng.h"
+#include "lattice/io/config.h"
+#include "lattice/kernels/ops.h"
+#include "lattice/model/gpt.h"
+#include "lattice/parallel/tensor/tensor_parallel.h"
+#include "lattice/parallel/tensor/vocab_parallel.h"
+#include "lattice/train/checkpointing.h"
+#include "lattice/train/model_io.h"
+#include "lattice/train/trainer.h"
+
+using namespace lattice;
+namespace fs = std::filesystem;
+namespace k = lattice::kernels;
+
+namespace {
+
+constexpr int kSteps = 10;
+
+comm::Communicator& world() {
+  static std::unique_ptr<comm::Communicator> w = comm::make_world_communicator();
+  return *w;
+}
+
+comm::Communicator& self() {
+  static std::unique_ptr<comm::Communicator> s = world().split(world().rank(), 0, "self");
+  return *s;
+}
+
+// Groups of `size` consecutive ranks (world rank / size), so a 4-rank job
+// runs two independent 2-rank layouts.
+comm::Communicator& groups_of(int size) {
+  static std::unique_ptr<comm::Communicator> g[9];
+  if (!g[size]) g[size] = world().split(world().rank() / size, world().rank(), "group" + std::to_string(size));
+  return *g[size];
+}
+
+fs::path shared_dir(const std::string& name) {
+  float pid = static_cast<float>(comm::world_rank() == 0 ? ::getpid() : 0);
+  world().all_reduce(&pid, 1, DType::F32, comm::ReduceOp::Max);
+  fs::path p = fs::temp_directory_path() / ("lattice_tp_test_" + std::to_string(static_cast<long>(pid))) / name;
+  if (world().rank() == 0) {
+    fs::remove_all(p);
+    fs::create_directories(p);
+  }
+  world().barrier();
+  return p;
+}
+
+std::vector<float> random_vector(size_t n, uint64_t seed, float scale = 1.0f) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = rng.next_normal() * scale;
+  return v;
+}
+
+void expect_close(const float* got, const float* want, size_t n, float tol, const std::string& what) {
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < n; i++) {
+    const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (d > worst) worst = d, at = i;
+  }
+  EXPECT_LE(worst, tol) << what << ": largest difference at element " << at;
+}
+
+// ------------------------------------------------------------ the layers --
+
+// A column-parallel Linear, GELU, a row-parallel Linear (the MLP of a block)
+// on t ranks against the same on one: y, dx, and every weight gradient.
+void check_mlp(comm::Communicator& group, bool sp) {
+  const int t = group.size(), r = group.rank();
+  const int64_t N = 8;
+  const int C = 12, F = 16, Fl = F / t;
+  const std::vector<float> x = random_vector(N * C, 1), A = random_vector(F * C, 2, 0.3f),
+                           a = random_vector(F, 3, 0.1f), B = random_vector(C * F, 4, 0.3f),
+                           b = random_vector(C, 5, 0.1f), dy = random_vector(N * C, 6);
+  // One process.
+  std::vector<float> h(N * F), g(N * F), y(N * C), dg(N * F), dh(N * F), dx(N * C);
+  std::vector<float> dA(F * C), da(F), dB(C * F), db(C);
+  k::linear_forward(h.data(), x.data(), A.data(), a.data(), N, C, F);
+  k::gelu_forward(g.data(), h.data(), N * F);
+  k::linear_forward(y.data(), g.data(), B.data(), b.data(), N, F, C);
+  k::linear_backward_input(dg.data(), dy.data(), B.data(), N, F, C, false);
+  k::linear_backward_weight(dB.data(), db.data(), dy.data(), g.data(), N, F, C, false);
+  k::gelu_backward(dh.data(), h.data(), dg.data(), N * F);
+  k::linear_backward_input(dx.data(), dh.data(), A.data(), N, C, F, false);
+  k::linear_backward_weight(dA.data(), da.data(), dh.data(), x.data(), N, C, F, false);
+
+  // This rank's slices: A's rows [r·Fl, (r+1)·Fl) and the same columns of B.
+  std::vector<float> Al(A.begin() + r * Fl * C, A.begin() + (r + 1) * Fl * C), al(a.begin() + r * Fl, a.begin() + (r + 1) * Fl);
+  std::vector<float> Bl(C * Fl);
+  for (int o = 0; o < C; o++)
+    for (int i = 0; i < Fl; i++) Bl[o * Fl + i] = B[o * F + r * Fl + i];
+  tensor::TensorParallel tp(group, sp);
+  const int64_t R = tp.local_rows(N), first = tp.first_row(N);
+  std::vector<float> work(N * C), hl(N * Fl), gl(N * Fl), yl(N * C), partial(N * C);
+  const float* xin = x.data() + first * C;  // this rank's rows (all of them without SP)
+  const std::string what = "t=" + std::to_string(t) + (sp ? " SP" : "");
+  const float* whole = tensor::ColumnParallelLinear(&tp, C, Fl).forward(hl.data(), xin, work.data(), Al.data(), al.data(), N);
+  k::gelu_forward(gl.data(), hl.data(), N * Fl);
+  tensor::RowParallelLinear(&tp, Fl, C).forward(yl.data(), sp ? partial.data() : yl.data(), gl.data(), Bl.data(), b.data(), N);
+  expect_close(yl.data(), y.data() + first * C, R * C, 1e-5f, what + " y");
+  // Backward: dy is this rank's rows too, at their place in a full buffer.
+  std::vector<float> dyw(N * C, 0.0f), dgl(N * Fl), dhl(N * Fl), dxl(N * C), dAl(Fl * C), dal(Fl), dBl(C * Fl), dbl(C);
+  std::copy(dy.begin() + first * C, dy.begin() + (first + R) * C, dyw.begin() + first * C);
+  const float* dy_whole =
+      tensor::RowParallelLinear(&tp, Fl, C).backward_input(dgl.data(), dyw.data() + first * C, dyw.data(), Bl.data(), N);
+  tensor::RowParallelLinear(&tp, Fl, C).backward_weight(dBl.data(), dbl.data(), dy_whole, gl.data(), N, false);
+  k::gelu_backward(dhl.data(), hl.data(), dgl.data(), N * Fl);
+  tensor::ColumnParallelLinear(&tp, C, Fl).backward_input(dxl.data(), dhl.data(), Al.data(), N);
+  tensor::ColumnParallelLinear(&tp, C, Fl).backward_weight(dAl.data(), dal.data(), dhl.data(), whole, N, false);
+  expect_close(dxl.data(), dx.data() + first * C, R * C, 1e-5f, what + " dx");
+  expect_close(dAl.data(), dA.data() + r * Fl * C, Fl * C, 1e-5f, what + " dA (column-parallel weight)");
+  expect_close(dal.data(), da.data() + r * Fl, Fl, 1e-5f, what + " da");
+  std::vector<float> dB_mine(C * Fl);
+  for (int o = 0; o < C; o++)
+    for (int i = 0; i < Fl; i++) dB_mine[o * Fl + i] = dB[o * F + r * Fl + i];
+  expect_close(dBl.data(), dB_mine.data(), C * Fl, 1e-5f, what + " dB (row-parallel weight)");
+  expect_close(dbl.data(), db.data(), C, 1e-5f, what + " db (row-parallel bias, whole on every rank)");
+}
+
+TEST(TensorParallelLayers, ColumnThenRowParallelMlpMatchesTheUnsplitOne) {
+  for (int t : {2, 4}) {
+    if (t > world().size()) continue;
+    for (bool sp : {false, true}) check_mlp(groups_of(t), sp);
+  }
+}
+
+// The vocabulary-parallel loss at V=101 (not divisible by t: the last rank
+// holds padding) equals the one-process kernel; so do dlogits.
+TEST(TensorParallelLayers, VocabularyParallelCrossEntropyMatchesTheWholeSoftmax) {
+  const int64_t N = 6;
+  const int V = 101;
+  for (int t : {2, 4}) {
+    if (t > world().size()) continue;
+    comm::Communicator& group = groups_of(t);
+    tensor::TensorParallel tp(group, false);
+    const int Vp = tensor::padded_vocab(V, t);
+    ASSERT_EQ(Vp % t, 0);
+    std::vector<float> logits = random_vector(N * Vp, 9, 3.0f);
+    std::vector<int32_t> targets(N);
+    for (int64_t i = 0; i < N; i++) targets[i] = static_cast<int32_t>((i * 37 + 5) % V);
+    targets[0] = V - 1;  // the last real class
+    // Padding logits that would win if they took part.
+    for (int64_t i = 0; i < N; i++)
+      for (int j = V; j < Vp; j++) logits[i * Vp + j] = 1e4f;
+    std::vector<float> want = logits, want_losses(N);
+    k::crossentropy_forward_backward(want.data(), want_losses.data(), targets.data(), N, V, Vp, 0.5f);
+    const tensor::VocabRange range = tensor::vocab_range(V, Vp, t, group.rank());
+    std::vector<float> mine(N * range.rows), losses(N);
+    for (int64_t i = 0; i < N; i++)
+      for (int j = 0; j < range.rows; j++) mine[i * range.rows + j] = logits[i * Vp + range.first + j];
+    tensor::vocab_parallel_cross_entropy(&tp, mine.data(), losses.data(), targets.data(), N, range, true, 0.5f);
+    for (int64_t i = 0; i < N; i++) EXPECT_NEAR(losses[i], want_losses[i], 1e-5 * std::fabs(want_losses[i])) << "t=" << t;
+    for (int64_t i = 0; i < N; i++)
+      for (int j = 0; j < range.rows; j++)
+        EXPECT_NEAR(mine[i * range.rows + j], want[i * Vp + range.first + j], 1e-6) << "t=" << t << " row " << i;
+  }
+}
+
+// -------------------------------------------------------- equivalence --
+
+io::RunConfig base_config(int vocab) {
+  io::RunConfig c;
+  c.model.n_layer = 2;
+  c.model.n_head = 4;
+  c.model.n_embd = 32;
+  c.model.vocab_size = vocab;
+  c.model.seq_len = 16;
+  c.train.steps = kSteps;
+  c.train.threads = 1;
+  c.train.global_batch_size = vocab > 1000 ? 4 : 8;  // GPT-2's vocabulary: fewer rows of logits
+  c.train.micro_batch_size = c.train.global_batch_size;
+  c.optim.lr = 1e-2;
+  c.optim.min_lr = 1e-3;
+  c.optim.warmup_steps = 3;
+  c.optim.grad_clip = 1.0;
+  c.log.every = 1;
+  return c;
+}
+
+io::RunConfig layout(int vocab, int tp, bool sp, int dp = 1, int stage = 0, int micro = 1) {
+  io::RunConfig c = base_config(vocab);
+  c.parallel.tp = tp;
+  c.parallel.dp = dp;
+  c.parallel.sequence_parallel = sp;
+  c.parallel.zero_stage = stage;
+  c.parallel.bucket_mb = 0.02;
+  c.train.micro_batch_size = c.train.global_batch_size / (dp * micro);
+  return c;
+}
+
+std::string describe(const io::RunConfig& c) {
+  return "V=" + std::to_string(c.model.vocab_size) + " tp=" + std::to_string(c.parallel.tp) +
+         (c.parallel.sequence_parallel ? " SP" : "") + " dp=" + std::to_string(c.parallel.dp) +
+         " zero=" + std::to_string(c.parallel.zero_stage) +
+         " micro-batches=" + std::to_string(io::micro_batches_per_step(c));
+}
+
+struct RunResult {
+  std::vector<double> losses, norms;
+  std::vector<train::HfTensor> params;
+};
+
+RunResult train(const io::RunConfig& cfg, comm::Communicator& ranks, int steps = kSteps,
+                const std::string& save_dir = "") {
+  train::TrainerOptions o;
+  o.print = false;
+  o.ranks = &ranks;
+  io::RunConfig c = cfg;
+  if (!save_dir.empty()) c.checkpoint.dir = save_dir;
+  train::Trainer t(c, o);
+  RunResult r;
+  for (int s = 0; s < steps; s++) {
+    const train::StepStats st = t.train_step();
+    r.losses.push_back(st.loss);
+    r.norms.push_back(st.grad_norm);
+  }
+  r.params = t.full_tensors();
+  if (!save_dir.empty()) t.save_checkpoint();
+  return r;
+}
+
+void expect_same_run(const RunResult& got, const RunResult& want, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+  for (size_t s = 0; s < want.losses.size(); s++) {
+    EXPECT_NEAR(got.losses[s], want.losses[s], 1e-5 * std::fabs(want.losses[s])) << what << " step " << s + 1;
+    EXPECT_NEAR(got.norms[s], want.norms[s], 1e-4 * std::fabs(want.norms[s])) << what << " norm, step " << s + 1;
+  }
+  ASSERT_EQ(got.params.size(), want.params.size()) << what;
+  double worst = 0;
+  std::string where;
+  for (size_t p = 0; p < want.params.size(); p++) {
+    ASSERT_EQ(got.params[p].name, want.params[p].name) << what;
+    ASSERT_EQ(got.params[p].shape, want.params[p].shape) << what << " " << want.params[p].name;
+    for (size_t i = 0; i < want.params[p].data.size(); i++) {
+      const double d = std::fabs(static_cast<double>(got.params[p].data[i]) - want.params[p].data[i]);
+      if (d > worst) worst = d, where = want.params[p].name;
+    }
+  }
+  EXPECT_LE(worst, 1e-4) << what << ": largest parameter difference (in " << where << ") after "
+                         << want.losses.size() << " steps";
+}
+
+// The one-process run of a vocabulary, computed once per job.
+const RunResult& reference(int vocab) {
+  static std::map<int, RunResult> runs;
+  auto it = runs.find(vocab);
+  if (it == runs.end()) it = runs.emplace(vocab, train(layout(vocab, 1, false), self())).first;
+  return it->second;
+}
+
+// V=128 is divisible by t ∈ {2, 4} (no padding beyond GPT-2's tiles); 50257
+// is GPT-2's own and divisible by neither — each rank's range is padded.
+TEST(TensorParallel, EveryTpLayoutTrainsTheOneProcessModel) {
+  for (int vocab : {128, 50257}) {
+    const RunResult& want = reference(vocab);
+    for (int t : {2, 4}) {
+      if (t > world().size()) continue;
+      for (bool sp : {false, true}) {
+        const io::RunConfig c = layout(vocab, t, sp);
+        expect_same_run(train(c, groups_of(t)), want, describe(c));
+      }
+    }
+  }
+}
+
+// ZeRO shards over the dp ranks of each TP rank; every stage, SP off and on,
+// two micro-batches per step; and stage 1 with the optimizer state on disk.
+TEST(TensorParallel, DataTimesTensorParallelWithZeroTrainsTheOneProcessModel) {
+  if (world().size() < 4) GTEST_SKIP() << "dp2 x tp2 needs 4 ranks";
+  for (int stage = 0; stage <= 3; stage++)
+    for (bool sp : {false, true}) {
+      const io::RunConfig c = layout(101, 2, sp, 2, stage, 2);
+      expect_same_run(train(c, groups_of(4)), reference(101), describe(c));
+    }
+  io::RunConfig c = layout(101, 2, true, 2, 1, 2);
+  c.zero.offload = "disk";
+  c.zero.offload_dir = shared_dir("offload").string();
+  expect_same_run(train(c, groups_of(4)), reference(101), describe(c) + " offload");
+}
+
+// Evaluation (no backward, no generation) under TP and SP is the one-process
+// mean loss over the same val batches, before and after training.
+TEST(TensorParallel, EvaluationMatchesOneProcess) {
+  auto evaluate = [](io::RunConfig c, comm::Communicator& ranks) {
+    c.train.eval_steps = 2;
+    train::TrainerOptions o;
+    o.print = false;
+    o.ranks = &ranks;
+    train::Trainer t(c, o);
+    std::vector<double> v = {t.evaluate()};
+    for (int s = 0; s < 3; s++) t.train_step();
+    v.push_back(t.evaluate());
+    return v;
+  };
+  const std::vector<double> want = evaluate(layout(50257, 1, false), self());
+  for (int t : {2, 4}) {
+    if (t > world().size()) continue;
+    for (bool sp : {false, true}) {
+      const std::vector<double> got = evaluate(layout(50257, t, sp), groups_of(t));
+      for (size_t i = 0; i < want.size(); i++)
+        EXPECT_NEAR(got[i], want[i], 1e-5 * std::fabs(want[i])) << "t=" << t << (sp ? " SP" : "") << " eval " << i;
+    }
+  }
+}
+
+// A checkpoint is full tensors by HF name: written at tp=2, it resumes at
+// tp=1 and (on 4 ranks) tp=4 with SP, and the last 5 steps are those of the
+// uninterrupted run.
+TEST(TensorParallel, CheckpointAtTp2ResumesAtTp1AndTp4) {
+  const fs::path dir = shared_dir("ckpt");
+  const RunResult& want = reference(101);
+  const io::RunConfig at2 = layout(101, 2, true);
+  comm::Communicator& pairs = groups_of(2);  // collective: every rank makes its pair
+  RunResult saved;
+  if (world().rank() < 2) saved = train(at2, pairs, 5, dir.string());
+  world().barrier();
+  // `lattice generate` loads it whole, into one process's model: the same tensors.
+  if (world().rank() < 2) {
+    std::unique_ptr<model::GPT> gpt = train::load_model_for_inference((dir / "step_000005").string(), 0);
+    const std::vector<train::HfTensor> loaded = train::export_hf(*gpt, train::params_of(*gpt));
+    ASSERT_EQ(loaded.size(), saved.params.size());
+    for (size_t p = 0; p < loaded.size(); p++) {
+      EXPECT_EQ(loaded[p].name, saved.params[p].name);
+      EXPECT_EQ(loaded[p].data, saved.params[p].data) << loaded[p].name;
+    }
+    std::vector<int32_t> prompt = {1, 2, 3};
+    EXPECT_NO_THROW(gpt->next_logits(prompt.data(), 3));
+  }
+  auto resumed = [&](io::RunConfig c, comm::Communicator& ranks) {
+    c.checkpoint.resume = (dir / "step_000005").string();
+    RunResult r = train(c, ranks, 5);
+    RunResult full = want;
+    full.losses.erase(full.losses.begin(), full.losses.begin() + 5);
+    full.norms.erase(full.norms.begin(), full.norms.begin() + 5);
+    expect_same_run(r, full, describe(c) + " resumed from tp=2");
+  };
+  resumed(layout(101, 1, false), self());
+  if (world().size() >= 4) resumed(layout(101, 4, true), groups_of(4));
+}
+
+// ---------------------------------------------------------------- bytes --
+
+// One micro-batch (forward + backward) of a GPT on a TP group, and the bytes
+// this rank sent by kind of collective.
+struct Sent {
+  uint64_t all_reduce = 0, all_gather = 0, reduce_scatter = 0, calls_ar = 0, calls_ag = 0, calls_rs = 0;
+};
+
+Sent one_micro_batch(comm::Communicator& group, bool sp, int L, int B, int T) {
+  model::ModelConfig mc;
+  mc.n_layer = L;
+  mc.n_head = 4;
+  mc.n_embd = 32;
+  mc.vocab_size = 101;
+  mc.seq_len = T;
+  tensor::TensorParallel tp(group, sp);
+  model::GPT gpt(mc, 5, &tp);
+  std::vector<int32_t> in(B * T), out(B * T);
+  for (int i = 0; i < B * T; i++) in[i] = (i * 7) % 101, out[i] = (i * 11 + 3) % 101;
+  gpt.zero_grad();
+  group.reset_stats();
+  gpt.forward(0, in.data(), out.data(), B, T, 1.0f);
+  gpt.backward(0);
+  const comm::CommStats s = group.stats();
+  return {s.bytes(comm::CommOp::AllReduce), s.bytes(comm::CommOp::AllGather), s.bytes(comm::CommOp::ReduceScatter),
+          s.calls_of(comm::CommOp::AllReduce), s.calls_of(comm::CommOp::AllGather),
+          s.calls_of(comm::CommOp::ReduceScatter)};
+}
+
+// Megatron's counts (Korthikanti et al. §4.2.2): per layer per micro-batch,
+// without SP 2 all-reduces of b·s·h forward and 2 backward; with SP 4
+// all-gathers + 4 reduce-scatters of the same volume (an all-reduce is a
+// reduce-scatter plus an all-gather). lattice's SP sends 2 all-gathers more
+// per layer: the LayerNorm outputs re-gathered for the column-parallel
+// weight gradients, as Megatron also does (kept sliced, they halve those
+// activations). Outside the layers: the embedding's sum and the head's input
+// gradient (one b·s·h each way), the loss statistics (N floats of row maxima,
+// 2N doubles of sums: all-reduces), and under SP the final LayerNorm output
+// gathered for the head, dx₀ gathered for the embedding's gradient, and each
+// LayerNorm's 2h weight gradients all-reduced. Per-rank ring bytes: an
+// all-reduce of S sends 2(t-1)/t·S, a gather or scatter (t-1)/t·S.
+TEST(TensorParallel, BytesOnTheWireAreMegatronsPerLayerCounts) {
+  const int B = 2, T = 8, C = 32, L = 2;
+  const double N = B * T, S = N * C * 4.0;  // b·s·h floats, in bytes
+  for (int t : {2, 4}) {
+    if (t > world().size()) continue;
+    const double ar = 2.0 * (t - 1) / t, ag = (t - 1.0) / t;
+    const double loss_ar = (N * 4 + 2 * N * 8) * ar;
+    const Sent off = one_micro_batch(groups_of(t), false, L, B, T);
+    EXPECT_EQ(off.calls_ar, static_cast<uint64_t>(4 * L + 2 + 2)) << "t=" << t;
+    EXPECT_DOUBLE_EQ(static_cast<double>(off.all_reduce), L * 4 * S * ar + 2 * S * ar + loss_ar) << "t=" << t;
+    EXPECT_EQ(off.all_gather + off.reduce_scatter, 0u);
+    const Sent on = one_micro_batch(groups_of(t), true, L, B, T);
+    EXPECT_EQ(on.calls_rs, static_cast<uint64_t>(4 * L + 2)) << "t=" << t << " SP";
+    EXPECT_EQ(on.calls_ag, static_cast<uint64_t>(6 * L + 2)) << "t=" << t << " SP";
+    EXPECT_DOUBLE_EQ(static_cast<double>(on.reduce_scatter), (4 * L + 2) * S * ag) << "t=" << t << " SP";
+    EXPECT_DOUBLE_EQ(static_cast<double>(on.all_gather), (6 * L + 2) * S * ag) << "t=" << t << " SP";
+    // The same volume as the all-reduces it replaces, plus the 2L re-gathers.
+    EXPECT_DOUBLE_EQ(static_cast<double>(on.reduce_scatter + on.all_gather) - 2 * L * S * ag,
+                     static_cast<double>(off.all_reduce) - loss_ar);
+    EXPECT_EQ(on.calls_ar, static_cast<uint64_t>(2 * L + 1 + 2)) << "LayerNorm gradients and the loss";
+    EXPECT_DOUBLE_EQ(static_cast<double>(on.all_reduce), (2 * L + 1) * 2 * C * 4.0 * ar + loss_ar);
+  }
+}
+
+// ---------------------------------------------------- activation memory --
+
+// Stored activations per layer per rank, measured as the difference between
+// models of 2 and 1 layers (the embedding's and head's buffers cancel),
+// against Korthikanti et al.'s per-layer formulas for 16-bit activations,
+//   sbh(34 + 5as/h)   sbh(10 + 24/t + 5as/(ht))   sbh(34/t + 5as/(ht))
+// adjusted to what lattice keeps, in fp32 (4 bytes, not 2):
+//  - no dropout (GPT-2 training here has none): Megatron's 2sbh of masks
+//    after attention and MLP and its sbh attention-dropout mask are absent;
+//  - fused attention stores no a·s·s scores or probabilities (its 5as/h
+//    term) but one log-sum-exp per head and token (a·s·b floats);
+//  - LayerNorms keep their output (for the next GEMM's weight gradient),
+//    mean and rstd; the residual x and r; QKV, the attention output, the
+//    MLP's pre- and post-GELU hidden layer.
+// Per token per layer, in floats: replicated 4h + 4 (x, LN₁ out, r, LN₂ out,
+// four statistics), split 12h/t + a/t (qkv 3h, atty h, fc 4h, gelu 4h, lse a):
+//   t = 1:  4·sb·(16h + a + 4)    TP: 4·sb·(4h + 4 + (12h + a)/t)    TP+SP: 4·sb·(16h + a + 4)/t
+TEST(TensorParallel, StoredActivationsFollowKorthikantisFormulasAdjusted) {
+  const int B = 2, T = 16, C = 32, H = 4;
+  const double sb = B * T;
+  const bool print = world().rank() == 0;
+  if (print) std::printf("stored activation bytes per layer, b=%d s=%d h=%d a=%d (fp32)\n", B, T, C, H);
+  if (print) std::printf("  %-9s %10s %10s %16s\n", "layout", "measured", "adjusted", "Korthikanti-16b");
+  for (int t : {1, 2, 4}) {
+    if (t > world().size()) continue;
+    for (bool sp : {false, true}) {
+      if (t == 1 && sp) continue;
+      auto per_model = [&](int L) {
+        model::ModelConfig mc;
+        mc.n_layer = L, mc.n_head = H, mc.n_embd = C, mc.vocab_size = 101, mc.seq_len = T;
+        std::unique_ptr<tensor::TensorParallel> tp;
+        if (t > 1) tp = std::make_unique<tensor::TensorParallel>(groups_of(t), sp);
+        model::GPT gpt(mc, model::GPT::Unallocated{}, tp.get());
+        return static_cast<double>(gpt.stored_activation_bytes(B, T));
+      };
+      const double measured = per_model(2) - per_model(1);
+      const double h = C, a = H;
+      const double adjusted = t == 1 ? 4 * sb * (16 * h + a + 4)
+                              : sp   ? 4 * sb * (16 * h + a + 4) / t
+                                     : 4 * sb * (4 * h + 4 + (12 * h + a) / t);
+      const double s_over_h = T / h;
+      const double korthikanti = t == 1 ? sb * h * (34 + 5 * a * s_over_h)
+                                 : sp   ? sb * h * (34.0 / t + 5 * a * s_over_h / t)
+                                        : sb * h * (10 + 24.0 / t + 5 * a * s_over_h / t);
+      if (print) std::printf("  t=%d %-4s %10.0f %10.0f %16.0f\n", t, sp ? "SP" : "", measured, adjusted, korthikanti);
+      EXPECT_NEAR(measured, adjusted, 0.15 * adjusted) << "t=" << t << (sp ? " SP" : "");
+    }
+  }
+}
+
+// --------------------------------------------------------------- bad input --
+
+TEST(TensorParallel, MeshThatDoesNotCoverTheRanksIsRefusedByName) {
+  io::RunConfig c = layout(101, 2, false);
+  c.parallel.dp = 1;  // tp·dp = 2 on a group of 4
+  if (world().size() < 4) GTEST_SKIP();
+  train::TrainerOptions o;
+  o.print = false;
+  o.ranks = &groups_of(4);
+  try {
+    train::Trainer t(c, o);
+    FAIL() << "a 2-rank mesh on 4 ranks was accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("parallel.tp=2"), std::string::npos) << m;
+    EXPECT_NE(m.find("4"), std::string::npos) << m;
+  }
+}
+
+}  // namespace
