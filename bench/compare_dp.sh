@@ -66,6 +66,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+source bench/common.sh
 PYTHON=${PYTHON:-/usr/bin/python3}
 LATTICE_BIN=${LATTICE_BIN:-build/lattice}
 ROWS_FILTER=""
@@ -84,8 +85,6 @@ WINDOW_MB=""
 OFFLOAD_BASE=${TMPDIR:-/tmp}
 TIMEOUT=1800
 
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
-need() { [[ $# -ge 2 ]] || { echo "compare_dp.sh: $1 needs a value (see --help)" >&2; exit 2; }; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -108,7 +107,6 @@ while [[ $# -gt 0 ]]; do
   esac
   shift
 done
-posint() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || { echo "compare_dp.sh: $1 needs a positive integer, got '$2'" >&2; exit 2; }; }
 posnum() { [[ "$2" =~ ^[0-9]*[.]?[0-9]+$ && ! "$2" =~ ^[0.]+$ ]] ||
   { echo "compare_dp.sh: $1 needs a positive number, got '$2'" >&2; exit 2; }; }
 posint --repeat "$REPEAT"
@@ -157,8 +155,6 @@ trap 'rm -rf "$work" ${OFFLOAD_DIR:+"$OFFLOAD_DIR"}' EXIT
 results="$work/results"
 : > "$results"
 
-# Last line of stdout that is a JSON object with an "impl" key, or nothing.
-json_line() { grep -E '^\{.*"impl"' | tail -n 1 || true; }
 
 # Runs a command with each process's peak RSS reported on stderr as "COMPARE_DP_RSS <bytes>"
 # (ru_maxrss of the waited-for child, like torch_ddp_bench.py's own figure). A SIGTERM (timeout,
@@ -242,13 +238,6 @@ ROWS=(
 for b in $BUCKETS; do ROWS+=("lattice-bucket-$b lattice 2 1 0 parallel.bucket_mb=$b"); done
 ROWS+=("lattice-dp4-s0 lattice 4 1 0 -" "lattice-dp4-s3 lattice 4 1 3 -")
 
-keep_row() {
-  [[ -z "$ROWS_FILTER" ]] && return 0
-  local f
-  IFS=',' read -ra filters <<< "$ROWS_FILTER"
-  for f in "${filters[@]}"; do [[ -n "$f" && "$1" == *"$f"* ]] && return 0; done
-  return 1
-}
 same_number() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 == b + 0) }'; }
 
 run_row() {  # name side ranks threads stage options run

@@ -50,6 +50,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+source bench/common.sh
 PYTHON=${PYTHON:-/usr/bin/python3}
 LATTICE_BIN=${LATTICE_BIN:-build/lattice}
 THREADS="1 2"
@@ -64,7 +65,6 @@ OUT=""
 CORETYPE=""
 RECALIBRATE=0
 
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -103,13 +103,6 @@ ROWS=(
   "L6-C384-B8-T256 6 6 384 50257 8 256"
 )
 
-keep_row() {
-  [[ -z "$ROWS_FILTER" ]] && return 0
-  local f
-  IFS=',' read -ra filters <<< "$ROWS_FILTER"
-  for f in "${filters[@]}"; do [[ -n "$f" && "$1" == *"$f"* ]] && return 0; done
-  return 1
-}
 
 if [[ $RUN_LATTICE == 1 && ! -x "$LATTICE_BIN" ]]; then
   echo "compare_gpt2.sh: $LATTICE_BIN not found or not executable (build it, set LATTICE_BIN, or pass --skip-lattice)" >&2
@@ -131,9 +124,6 @@ fi
 results=$(mktemp)
 peak_err=$(mktemp)
 trap 'rm -f "$results" "$peak_err"' EXIT
-
-# Last line of stdout that is a JSON object with an "impl" key, or nothing.
-json_line() { grep -E '^\{.*"impl"' | tail -n 1 || true; }
 
 record() {  # row threads impl json-or-empty
   local row=$1 threads=$2 impl=$3 json=$4

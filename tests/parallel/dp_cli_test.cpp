@@ -171,11 +171,12 @@ TEST(DataParallelJob, StopSignalOnOneRankStopsEveryRankAtTheSameStep) {
   EXPECT_TRUE(contains(resume.output(), "resumed from")) << resume.output();
 }
 
-// One rank throws in the middle of its backward while the other waits in a
-// bucket reduction: the job ends, non-zero, naming the rank and the cause.
-TEST(DataParallelJob, AnExceptionMidBackwardEndsTheJob) {
-  const fs::path dir = scratch("throw");
-  Child job = spawn("env LATTICE_COMM_TIMEOUT_S=600 " + mpiexec(2) + LATTICE_DP_FAULT_PROGRAM + " throw-mid-backward",
+// Runs dp_fault_program in `mode` on 2 ranks: rank 1 throws mid-backward
+// while rank 0 waits for it in a collective. The job ends within seconds,
+// non-zero, naming the rank and the cause.
+void expect_injected_failure_ends_the_job(const std::string& mode) {
+  const fs::path dir = scratch(mode);
+  Child job = spawn("env LATTICE_COMM_TIMEOUT_S=600 " + mpiexec(2) + LATTICE_DP_FAULT_PROGRAM + " " + mode,
                     dir / "job.log");
   job.wait(60);
   const std::string out = job.output();
@@ -184,6 +185,30 @@ TEST(DataParallelJob, AnExceptionMidBackwardEndsTheJob) {
   EXPECT_LT(job.seconds, 30) << out;
   EXPECT_TRUE(contains(out, "rank 1: injected failure in the backward of block 0 at step 2")) << out;
   EXPECT_FALSE(contains(out, "finished without the injected failure")) << out;
+}
+
+// Rank 0 waits in a bucket reduction.
+TEST(DataParallelJob, AnExceptionMidBackwardEndsTheJob) { expect_injected_failure_ends_the_job("throw-mid-backward"); }
+
+// Under tensor parallelism rank 0 waits inside its own backward, in a TP
+// collective the failed rank never joins.
+TEST(DataParallelJob, AnExceptionMidBackwardEndsATensorParallelJob) {
+  expect_injected_failure_ends_the_job("throw-mid-backward-tp");
+}
+
+// SIGKILL of one rank of a tp=2 job ends it within seconds.
+TEST(DataParallelJob, AKilledRankEndsATensorParallelJob) {
+  const fs::path dir = scratch("kill_tp");
+  Child job = spawn(mpiexec(2) + LATTICE_BIN + " train " + kTiny + "--set parallel.tp=2 --set train.steps=100000" +
+                        " --set log.metrics_file=" + (dir / "m.jsonl").string(),
+                    dir / "job.log");
+  ASSERT_TRUE(wait_for_lines(dir / "m.jsonl", 3, 60)) << read_file(dir / "job.log");
+  std::vector<pid_t> ranks = children_of(job.pid);
+  ASSERT_EQ(ranks.size(), 2u);
+  ::kill(ranks[1], SIGKILL);
+  job.wait(60);
+  EXPECT_NE(job.status, 0) << job.output();
+  EXPECT_NE(job.status, 124) << "the job hung\n" << job.output();
 }
 
 // SIGKILL of one rank ends the job (no hang), and the last checkpoint written

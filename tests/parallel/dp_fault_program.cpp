@@ -1,12 +1,14 @@
 // A data-parallel training job that fails on purpose, for dp_cli_test:
 //
-//   mpiexec -n 2 dp_fault_program throw-mid-backward
+//   mpiexec -n 2 dp_fault_program throw-mid-backward | throw-mid-backward-tp
 //
 // trains a tiny model at dp=2; on step 2, rank 1 throws from inside its
 // backward (when the backward reaches block 0, after it has posted the
 // reduction of block 1), while rank 0 runs on into that step's reductions
 // and waits there for a partner that never comes. The job must end with
 // rank 1's message within seconds (run_guarded aborts it), not hang.
+// throw-mid-backward-tp: the same at tp=2 with sequence parallelism, where
+// rank 0 waits inside the backward itself, in a TP collective of block 0.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -43,8 +45,9 @@ class ThrowingHooks final : public model::GroupHooks {
 
 int main(int argc, char** argv) {
   return comm::run_guarded(argc, argv, [&] {
-    LATTICE_CHECK(argc == 2 && std::strcmp(argv[1], "throw-mid-backward") == 0,
-                  "usage: dp_fault_program throw-mid-backward");
+    const bool tp = argc == 2 && std::strcmp(argv[1], "throw-mid-backward-tp") == 0;
+    LATTICE_CHECK(argc == 2 && (tp || std::strcmp(argv[1], "throw-mid-backward") == 0),
+                  "usage: dp_fault_program throw-mid-backward | throw-mid-backward-tp");
     io::RunConfig c;
     c.model.n_layer = 2;
     c.model.n_head = 2;
@@ -54,7 +57,9 @@ int main(int argc, char** argv) {
     c.train.micro_batch_size = 2;
     c.train.threads = 1;
     c.train.steps = 5;
-    c.parallel.dp = comm::world_size();
+    c.parallel.dp = tp ? 1 : comm::world_size();
+    c.parallel.tp = tp ? comm::world_size() : 1;
+    c.parallel.sequence_parallel = tp;
     c.parallel.bucket_mb = 0.01;
     train::Trainer t(c, train::TrainerOptions{false});
     ThrowingHooks hooks(t.data_parallel(), t);

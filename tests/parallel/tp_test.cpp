@@ -40,6 +40,8 @@
 #include "lattice/train/checkpointing.h"
 #include "lattice/train/model_io.h"
 #include "lattice/train/trainer.h"
+#include "equivalence.h"
+#include "mpi_ranks.h"
 
 using namespace lattice;
 namespace fs = std::filesystem;
@@ -49,15 +51,10 @@ namespace {
 
 constexpr int kSteps = 10;
 
-comm::Communicator& world() {
-  static std::unique_ptr<comm::Communicator> w = comm::make_world_communicator();
-  return *w;
-}
+using mpitest::self;
+using mpitest::world;
 
-comm::Communicator& self() {
-  static std::unique_ptr<comm::Communicator> s = world().split(world().rank(), 0, "self");
-  return *s;
-}
+fs::path shared_dir(const std::string& name) { return mpitest::shared_dir("lattice_tp_test", name); }
 
 // Groups of `size` consecutive ranks (world rank / size), so a 4-rank job
 // runs two independent 2-rank layouts.
@@ -65,18 +62,6 @@ comm::Communicator& groups_of(int size) {
   static std::unique_ptr<comm::Communicator> g[9];
   if (!g[size]) g[size] = world().split(world().rank() / size, world().rank(), "group" + std::to_string(size));
   return *g[size];
-}
-
-fs::path shared_dir(const std::string& name) {
-  float pid = static_cast<float>(comm::world_rank() == 0 ? ::getpid() : 0);
-  world().all_reduce(&pid, 1, DType::F32, comm::ReduceOp::Max);
-  fs::path p = fs::temp_directory_path() / ("lattice_tp_test_" + std::to_string(static_cast<long>(pid))) / name;
-  if (world().rank() == 0) {
-    fs::remove_all(p);
-    fs::create_directories(p);
-  }
-  world().barrier();
-  return p;
 }
 
 std::vector<float> random_vector(size_t n, uint64_t seed, float scale = 1.0f) {
@@ -230,49 +215,12 @@ std::string describe(const io::RunConfig& c) {
          " micro-batches=" + std::to_string(io::micro_batches_per_step(c));
 }
 
-struct RunResult {
-  std::vector<double> losses, norms;
-  std::vector<train::HfTensor> params;
-};
+using mpitest::expect_same_run;
+using mpitest::RunResult;
 
 RunResult train(const io::RunConfig& cfg, comm::Communicator& ranks, int steps = kSteps,
                 const std::string& save_dir = "") {
-  train::TrainerOptions o;
-  o.print = false;
-  o.ranks = &ranks;
-  io::RunConfig c = cfg;
-  if (!save_dir.empty()) c.checkpoint.dir = save_dir;
-  train::Trainer t(c, o);
-  RunResult r;
-  for (int s = 0; s < steps; s++) {
-    const train::StepStats st = t.train_step();
-    r.losses.push_back(st.loss);
-    r.norms.push_back(st.grad_norm);
-  }
-  r.params = t.full_tensors();
-  if (!save_dir.empty()) t.save_checkpoint();
-  return r;
-}
-
-void expect_same_run(const RunResult& got, const RunResult& want, const std::string& what) {
-  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
-  for (size_t s = 0; s < want.losses.size(); s++) {
-    EXPECT_NEAR(got.losses[s], want.losses[s], 1e-5 * std::fabs(want.losses[s])) << what << " step " << s + 1;
-    EXPECT_NEAR(got.norms[s], want.norms[s], 1e-4 * std::fabs(want.norms[s])) << what << " norm, step " << s + 1;
-  }
-  ASSERT_EQ(got.params.size(), want.params.size()) << what;
-  double worst = 0;
-  std::string where;
-  for (size_t p = 0; p < want.params.size(); p++) {
-    ASSERT_EQ(got.params[p].name, want.params[p].name) << what;
-    ASSERT_EQ(got.params[p].shape, want.params[p].shape) << what << " " << want.params[p].name;
-    for (size_t i = 0; i < want.params[p].data.size(); i++) {
-      const double d = std::fabs(static_cast<double>(got.params[p].data[i]) - want.params[p].data[i]);
-      if (d > worst) worst = d, where = want.params[p].name;
-    }
-  }
-  EXPECT_LE(worst, 1e-4) << what << ": largest parameter difference (in " << where << ") after "
-                         << want.losses.size() << " steps";
+  return mpitest::train_run(cfg, ranks, steps, save_dir);
 }
 
 // The one-process run of a vocabulary, computed once per job.

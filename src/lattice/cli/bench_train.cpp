@@ -104,7 +104,7 @@ static int bench_train(const std::vector<std::string>& args) {
         trainer.model().stored_activation_bytes(cfg.train.micro_batch_size, cfg.model.seq_len),
         io::json_quote(cpu_info().model).c_str(), isa_name(active_isa()));
   } else {
-    std::printf("model L=%d C=%d H=%d V=%d, batch %d x %d x %d micro-batches x %d ranks, %d threads per rank, "
+    std::printf("model L=%d C=%d H=%d V=%d, batch %d x %d x %d micro-batches x %d dp ranks, %d threads per rank, "
                 "%lld steps\n",
                 mc.n_layer, mc.n_embd, mc.n_head, mc.vocab_size, cfg.train.micro_batch_size, cfg.model.seq_len,
                 trainer.micro_batches(), dp, num_threads(), steps);
@@ -115,7 +115,7 @@ static int bench_train(const std::vector<std::string>& args) {
                   100.0 * hidden / steps, format_bytes(static_cast<double>(comm_bytes) / steps).c_str());
     if (cfg.parallel.tp > 1)
       std::printf("  tensor-parallel communication %.1f ms/step (%.0f%% of the step), %s sent per rank per step\n",
-                  tp_ms / steps, 100.0 * tp_ms / (1e3 * seconds / steps),
+                  tp_ms / steps, 100.0 * tp_ms / (1e3 * seconds),
                   format_bytes(static_cast<double>(tp_bytes) / steps).c_str());
     std::printf("  memory per rank: %s\n", mem.summary().c_str());
     std::printf("  machine %s\n  MFU relative to %.1f GFLOP/s per core (%s)\n", train::describe_machine().c_str(),

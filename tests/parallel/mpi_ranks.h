@@ -1,0 +1,42 @@
+// What the multi-rank tests of tests/parallel/ share: the job's ranks, a
+// one-rank communicator for the one-process reference run beside a layout,
+// and a scratch directory every rank sees.
+#pragma once
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "lattice/comm/mpi_communicator.h"
+#include "lattice/comm/runtime.h"
+
+namespace lattice::mpitest {
+
+inline comm::Communicator& world() {
+  static std::unique_ptr<comm::Communicator> w = comm::make_world_communicator();
+  return *w;
+}
+
+// A communicator of this rank alone: the one-process reference.
+inline comm::Communicator& self() {
+  static std::unique_ptr<comm::Communicator> s = world().split(world().rank(), 0, "self");
+  return *s;
+}
+
+// The same fresh directory on every rank: $TMPDIR/<prefix>_<rank 0's pid>/<name>.
+inline std::filesystem::path shared_dir(const std::string& prefix, const std::string& name) {
+  float pid = static_cast<float>(comm::world_rank() == 0 ? ::getpid() : 0);
+  world().all_reduce(&pid, 1, DType::F32, comm::ReduceOp::Max);
+  std::filesystem::path p =
+      std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(static_cast<long>(pid))) / name;
+  if (world().rank() == 0) {
+    std::filesystem::remove_all(p);
+    std::filesystem::create_directories(p);
+  }
+  world().barrier();
+  return p;
+}
+
+}  // namespace lattice::mpitest
