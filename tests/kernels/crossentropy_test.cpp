@@ -1,4 +1,6 @@
 // Softmax cross-entropy with a padded vocabulary.
+#include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "lattice/core/error.h"
@@ -132,6 +134,44 @@ TEST(CrossEntropy, ThreadCountIndependent) {
   }
   EXPECT_TRUE(test::bitwise_equal(losses[0], losses[1]));
   EXPECT_TRUE(test::bitwise_equal(dz[0], dz[1]));
+}
+
+// The vocabulary-parallel pieces on one "rank" holding every column (the
+// statistics need no reduction) give the fused kernel's loss and dlogits, and
+// on two halves with the statistics combined by hand, the same again.
+TEST(CrossEntropy, LocalPiecesCombineToTheWholeSoftmax) {
+  const int64_t N = 5;
+  const int V = 70, Vp = 80, half = Vp / 2;
+  auto logits = randn(N * Vp, 31);
+  std::vector<int32_t> targets = {0, 69, 35, 40, 12};
+  std::vector<float> want = logits, want_loss(N);
+  crossentropy_forward_backward(want.data(), want_loss.data(), targets.data(), N, V, Vp, 0.25f);
+  // Two halves: columns [0, 40) all real, [40, 80) 30 real.
+  std::vector<float> part[2], m[2];
+  std::vector<double> tl[2], se[2];
+  const int real[2] = {half, V - half};
+  for (int r = 0; r < 2; r++) {
+    part[r].resize(N * half);
+    for (int64_t i = 0; i < N; i++)
+      for (int j = 0; j < half; j++) part[r][i * half + j] = logits[i * Vp + r * half + j];
+    m[r].resize(N), tl[r].resize(N), se[r].resize(N);
+    crossentropy_local_max(m[r].data(), tl[r].data(), part[r].data(), targets.data(), N, r * half, real[r], half);
+  }
+  std::vector<float> gm(N);
+  for (int64_t i = 0; i < N; i++) gm[i] = std::max(m[0][i], m[1][i]);
+  for (int r = 0; r < 2; r++) crossentropy_local_exp(part[r].data(), se[r].data(), gm.data(), N, real[r], half);
+  std::vector<double> s(N);
+  for (int64_t i = 0; i < N; i++) {
+    s[i] = se[0][i] + se[1][i];
+    const double loss = gm[i] + std::log(s[i]) - (tl[0][i] + tl[1][i]);
+    EXPECT_NEAR(loss, want_loss[i], 1e-5 * std::fabs(want_loss[i])) << "row " << i;
+  }
+  for (int r = 0; r < 2; r++) {
+    crossentropy_local_grad(part[r].data(), s.data(), targets.data(), N, r * half, real[r], half, 0.25f);
+    for (int64_t i = 0; i < N; i++)
+      for (int j = 0; j < half; j++)
+        EXPECT_NEAR(part[r][i * half + j], want[i * Vp + r * half + j], 1e-7) << "row " << i << " column " << r * half + j;
+  }
 }
 
 TEST(CrossEntropy, RejectsTargetsOutsideVocabulary) {

@@ -75,5 +75,32 @@ TEST(Embedding, BackwardThreadCountIndependent) {
   EXPECT_TRUE(test::bitwise_equal(dwpe[0], dwpe[1]));
 }
 
+// The vocabulary-parallel conventions: a negative token is a row another rank
+// holds (zero wte term, no wte gradient), a null wpe adds no positions.
+TEST(Embedding, NegativeTokensAndNoPositions) {
+  const int B = 1, T = 3, C = 5, V = 4;
+  auto wte = randn(V * C, 5), wpe = randn(T * C, 6), dout = randn(B * T * C, 7);
+  const std::vector<int32_t> tokens = {2, -1, 0};
+  std::vector<float> out(B * T * C), bare(B * T * C);
+  embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  embedding_forward(bare.data(), tokens.data(), wte.data(), nullptr, B, T, C);
+  for (int c = 0; c < C; ++c) {
+    EXPECT_EQ(out[c], wte[2 * C + c] + wpe[c]);
+    EXPECT_EQ(out[C + c], wpe[C + c]);  // another rank's token: positions only
+    EXPECT_EQ(bare[c], wte[2 * C + c]);
+    EXPECT_EQ(bare[C + c], 0.0f);
+    EXPECT_EQ(bare[2 * C + c], wte[c]);
+  }
+  std::vector<float> dwte(V * C, 0.0f), dwpe(T * C, 0.0f);
+  embedding_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  for (int c = 0; c < C; ++c) {
+    EXPECT_EQ(dwte[2 * C + c], dout[c]);
+    EXPECT_EQ(dwte[c], dout[2 * C + c]);
+    EXPECT_EQ(dwte[1 * C + c], 0.0f);
+    EXPECT_EQ(dwte[3 * C + c], 0.0f);
+    EXPECT_EQ(dwpe[C + c], dout[C + c]);  // wpe's gradient counts every position
+  }
+}
+
 }  // namespace
 }  // namespace lattice::kernels

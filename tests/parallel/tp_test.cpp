@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -173,6 +174,39 @@ TEST(TensorParallelLayers, VocabularyParallelCrossEntropyMatchesTheWholeSoftmax)
     for (int64_t i = 0; i < N; i++)
       for (int j = 0; j < range.rows; j++)
         EXPECT_NEAR(mine[i * range.rows + j], want[i * Vp + range.first + j], 1e-6) << "t=" << t << " row " << i;
+  }
+}
+
+// The vocabulary-parallel lookup: each rank its rows (zero rows for other
+// ranks' tokens), wpe on rank 0 only, summed over the group — bitwise the
+// one-process lookup (adding zeros is exact); and its backward: each rank's
+// rows of d wte, and the whole d wpe on every rank.
+TEST(TensorParallelLayers, VocabularyParallelEmbeddingMatchesTheWholeTable) {
+  const int B = 2, T = 4, C = 8, V = 101;
+  for (int t : {2, 4}) {
+    if (t > world().size()) continue;
+    comm::Communicator& group = groups_of(t);
+    tensor::TensorParallel tp(group, false);
+    const int Vp = tensor::padded_vocab(V, t);
+    const std::vector<float> wte = random_vector(static_cast<size_t>(Vp) * C, 21), wpe = random_vector(T * C, 22),
+                             dx = random_vector(B * T * C, 23);
+    std::vector<int32_t> tokens(B * T);
+    for (int i = 0; i < B * T; i++) tokens[i] = (i * 29 + 3) % V;
+    std::vector<float> want(B * T * C), dwte(static_cast<size_t>(Vp) * C, 0.0f), dwpe(T * C, 0.0f);
+    k::embedding_forward(want.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+    k::embedding_backward(dwte.data(), dwpe.data(), dx.data(), tokens.data(), B, T, C);
+
+    const tensor::VocabRange range = tensor::vocab_range(V, Vp, t, group.rank());
+    std::vector<int32_t> rows(B * T);
+    tensor::local_tokens(rows.data(), tokens.data(), B * T, range);
+    std::vector<float> x(B * T * C), my_dwte(static_cast<size_t>(range.rows) * C, 0.0f), my_dwpe(T * C, 0.0f);
+    k::embedding_forward(x.data(), rows.data(), wte.data() + range.first * C, group.rank() == 0 ? wpe.data() : nullptr,
+                         B, T, C);
+    tp.reduce(x.data(), x.data(), B * T, C, "lookup");
+    EXPECT_EQ(x, want) << "t=" << t;
+    k::embedding_backward(my_dwte.data(), my_dwpe.data(), dx.data(), rows.data(), B, T, C);
+    EXPECT_TRUE(std::equal(my_dwte.begin(), my_dwte.end(), dwte.begin() + range.first * C)) << "t=" << t;
+    EXPECT_EQ(my_dwpe, dwpe) << "t=" << t;
   }
 }
 

@@ -11,6 +11,18 @@ namespace k = lattice::kernels;
 TensorParallel::TensorParallel(comm::Communicator& group, bool sequence_parallel)
     : group_(group), sp_(sequence_parallel && group.size() > 1) {}
 
+// Runs one collective of the group, timed, and names it in any error.
+template <typename Fn>
+static void collective(double* seconds, const char* what, Fn fn) {
+  Timer t;
+  try {
+    fn();
+  } catch (const Error& e) {
+    LATTICE_FAIL("tensor parallelism, " << what << ": " << e.what());
+  }
+  *seconds += t.seconds();
+}
+
 void TensorParallel::check_rows(int64_t N) const {
   LATTICE_CHECK(!sp_ || N % size() == 0, "sequence parallelism cuts the " << N << " rows of a micro-batch into "
                                                                           << size() << " equal slices: B*T must "
@@ -19,40 +31,34 @@ void TensorParallel::check_rows(int64_t N) const {
 }
 
 const float* TensorParallel::gather(const float* slice, float* full, int64_t N, int64_t C, const char* what) {
-  (void)what;
   if (!sp_) return slice;
   check_rows(N);
-  Timer t;
-  group_.all_gather(slice, full, static_cast<size_t>(local_rows(N) * C), DType::F32);
-  comm_s_ += t.seconds();
+  collective(&comm_s_, what,
+             [&] { group_.all_gather(slice, full, static_cast<size_t>(local_rows(N) * C), DType::F32); });
   return full;
 }
 
 void TensorParallel::reduce(float* partial, float* out, int64_t N, int64_t C, const char* what) {
-  Timer t;
   if (sp_) {
     check_rows(N);
-    group_.reduce_scatter(partial, out, static_cast<size_t>(local_rows(N) * C), DType::F32, comm::ReduceOp::Sum);
-  } else {
-    LATTICE_CHECK(out == partial, "TensorParallel::reduce(" << what << "): without sequence parallelism the "
-                                                                        "all-reduce is in place");
-    group_.all_reduce(partial, static_cast<size_t>(N * C), DType::F32, comm::ReduceOp::Sum);
+    collective(&comm_s_, what, [&] {
+      group_.reduce_scatter(partial, out, static_cast<size_t>(local_rows(N) * C), DType::F32, comm::ReduceOp::Sum);
+    });
+    return;
   }
-  comm_s_ += t.seconds();
+  LATTICE_CHECK(out == partial, "TensorParallel::reduce(" << what << "): without sequence parallelism the "
+                                                                      "all-reduce is in place");
+  collective(&comm_s_, what,
+             [&] { group_.all_reduce(partial, static_cast<size_t>(N * C), DType::F32, comm::ReduceOp::Sum); });
 }
 
 void TensorParallel::all_reduce(float* data, int64_t n, comm::ReduceOp op, const char* what) {
-  (void)what;
-  Timer t;
-  group_.all_reduce(data, static_cast<size_t>(n), DType::F32, op);
-  comm_s_ += t.seconds();
+  collective(&comm_s_, what, [&] { group_.all_reduce(data, static_cast<size_t>(n), DType::F32, op); });
 }
 
 void TensorParallel::all_reduce(double* data, int64_t n, const char* what) {
-  (void)what;
-  Timer t;
-  group_.all_reduce(data, static_cast<size_t>(n), DType::F64, comm::ReduceOp::Sum);
-  comm_s_ += t.seconds();
+  collective(&comm_s_, what,
+             [&] { group_.all_reduce(data, static_cast<size_t>(n), DType::F64, comm::ReduceOp::Sum); });
 }
 
 // ---- ColumnParallelLinear ----
