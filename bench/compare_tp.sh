@@ -27,8 +27,9 @@
 # buffers) with their ratio to tp1; "stored" = what the forward keeps for the
 # backward (GPT::stored_activation_bytes); TP comm = time in the TP group's
 # collectives per step and its share of the step, and MiB sent per rank per step
-# beside Megatron's count for it (tests/parallel/tp_test.cpp asserts the same
-# formula per micro-batch).
+# beside the formula for it: Megatron's counts plus what lattice adds (SP's 2L
+# re-gathers and LayerNorm all-reduces, the loss statistics), the formula
+# tests/parallel/tp_test.cpp asserts per micro-batch.
 #
 # Targets (PASS/MISS lines): tp=2 >= 1.7x the tokens/s of tp=1; per-rank
 # parameter bytes at tp=2 <= 0.55x tp=1; with SP per-rank activation bytes
@@ -178,7 +179,7 @@ def ratio(a, b):
     return f"{a / b:5.2f}" if a and b else "  n/a"
 
 def megatron_bytes(d):
-    """Bytes one rank sends in the TP group per step by Megatron's count (tp_test.cpp's formula)."""
+    """Bytes one rank sends in the TP group per step: Megatron's count plus lattice's additions (tp_test.cpp)."""
     t, sp = d.get("tp", 1), d.get("sequence_parallel", False)
     if t <= 1:
         return None
@@ -199,7 +200,7 @@ print(f"model L={L} C={C} H={H} V={V}, T={T}, micro-batch {B}, fp32, steps={step
       f"mpiexec --bind-to {bind_to}" + (" (--quick: a smoke test, not a measurement)" if quick == "1" else ""))
 base, _ = best("lattice-tp1")
 hdr = (f"{'row':<16} {'RxT':>4} {'tok/s':>8} {'x tp1':>5} {'params MiB':>10} {'x tp1':>5} {'activ MiB':>9} "
-       f"{'x tp1':>5} {'stored MiB':>10} {'TP comm ms':>10} {'of step':>7} {'TP MiB/step':>11} {'Megatron':>8}")
+       f"{'x tp1':>5} {'stored MiB':>10} {'TP comm ms':>10} {'of step':>7} {'TP MiB/step':>11} {'formula':>8}")
 print(hdr)
 print("-" * len(hdr))
 for row in order:

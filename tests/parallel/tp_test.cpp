@@ -32,7 +32,9 @@
 #include "lattice/comm/process_mesh.h"
 #include "lattice/comm/runtime.h"
 #include "lattice/core/error.h"
+#include "lattice/core/memory.h"
 #include "lattice/core/rng.h"
+#include "lattice/core/threads.h"
 #include "lattice/io/config.h"
 #include "lattice/kernels/ops.h"
 #include "lattice/model/gpt.h"
@@ -51,6 +53,10 @@ namespace k = lattice::kernels;
 namespace {
 
 constexpr int kSteps = 10;
+
+// The ranks share the machine's cores: one thread each for the tests that run
+// the model and kernels directly (the Trainer's set train.threads=1 themselves).
+const bool kOneThread = (set_num_threads(1), true);
 
 using mpitest::self;
 using mpitest::world;
@@ -145,11 +151,80 @@ TEST(TensorParallelLayers, ColumnThenRowParallelMlpMatchesTheUnsplitOne) {
   }
 }
 
-// The vocabulary-parallel loss at V=101 (not divisible by t: the last rank
-// holds padding) equals the one-process kernel; so do dlogits.
+// A parameter's slice on this rank, by its ShardSpec (model/param_group.h).
+std::vector<float> slice_of(const std::vector<float>& full, std::vector<int64_t> shape, int dim, int parts, int t,
+                            int r) {
+  model::ParamInfo p;
+  p.full_shape = shape;
+  p.shard = {dim, t, r, parts};
+  p.shape = p.shard.local_shape(shape);
+  std::vector<float> out(static_cast<size_t>(p.numel()));
+  model::extract_slice(p, full.data(), out.data());
+  return out;
+}
+
+// Attention by heads: c_attn column-parallel with rank r holding the Q, K and
+// V rows of its heads, causal attention on those heads, c_proj row-parallel —
+// against the whole layer, forward and backward (dx, both weights, both biases).
+void check_attention(comm::Communicator& group, bool sp) {
+  const int t = group.size(), r = group.rank();
+  const int B = 2, T = 4, C = 16, H = 4, Hl = H / t, A = C / t;
+  const int64_t N = B * T;
+  const std::vector<float> x = random_vector(N * C, 41), W = random_vector(3 * C * C, 42, 0.3f),
+                           b = random_vector(3 * C, 43, 0.1f), P = random_vector(C * C, 44, 0.3f),
+                           pb = random_vector(C, 45, 0.1f), dy = random_vector(N * C, 46);
+  // One process.
+  std::vector<float> qkv(N * 3 * C), att(N * C), lse(N * H), y(N * C), datt(N * C), dqkv(N * 3 * C), dx(N * C);
+  std::vector<float> dW(3 * C * C), db(3 * C), dP(C * C), dpb(C);
+  k::linear_forward(qkv.data(), x.data(), W.data(), b.data(), N, C, 3 * C);
+  k::attention_forward(att.data(), lse.data(), qkv.data(), B, T, C, H);
+  k::linear_forward(y.data(), att.data(), P.data(), pb.data(), N, C, C);
+  k::linear_backward_input(datt.data(), dy.data(), P.data(), N, C, C, false);
+  k::linear_backward_weight(dP.data(), dpb.data(), dy.data(), att.data(), N, C, C, false);
+  k::attention_backward(dqkv.data(), datt.data(), qkv.data(), att.data(), lse.data(), B, T, C, H);
+  k::linear_backward_input(dx.data(), dqkv.data(), W.data(), N, C, 3 * C, false);
+  k::linear_backward_weight(dW.data(), db.data(), dqkv.data(), x.data(), N, C, 3 * C, false);
+
+  const std::vector<float> Wl = slice_of(W, {3 * C, C}, 0, 3, t, r), bl = slice_of(b, {3 * C}, 0, 3, t, r),
+                           Pl = slice_of(P, {C, C}, 1, 1, t, r);
+  tensor::TensorParallel tp(group, sp);
+  const int64_t R = tp.local_rows(N), first = tp.first_row(N);
+  std::vector<float> work(N * C), qkvl(N * 3 * A), attl(N * A), lsel(N * Hl), yl(N * C), partial(N * C);
+  const float* whole =
+      tensor::ColumnParallelLinear(&tp, C, 3 * A).forward(qkvl.data(), x.data() + first * C, work.data(), Wl.data(), bl.data(), N);
+  k::attention_forward(attl.data(), lsel.data(), qkvl.data(), B, T, A, Hl);
+  tensor::RowParallelLinear(&tp, A, C).forward(yl.data(), sp ? partial.data() : yl.data(), attl.data(), Pl.data(), pb.data(), N);
+  const std::string what = "attention t=" + std::to_string(t) + (sp ? " SP" : "");
+  expect_close(yl.data(), y.data() + first * C, R * C, 1e-5f, what + " y");
+  std::vector<float> dyw(N * C, 0.0f), dattl(N * A), dqkvl(N * 3 * A), dxl(N * C), dWl(3 * A * C), dbl(3 * A),
+      dPl(C * A), dpbl(C);
+  std::copy(dy.begin() + first * C, dy.begin() + (first + R) * C, dyw.begin() + first * C);
+  const float* dy_whole =
+      tensor::RowParallelLinear(&tp, A, C).backward_input(dattl.data(), dyw.data() + first * C, dyw.data(), Pl.data(), N);
+  tensor::RowParallelLinear(&tp, A, C).backward_weight(dPl.data(), dpbl.data(), dy_whole, attl.data(), N, false);
+  k::attention_backward(dqkvl.data(), dattl.data(), qkvl.data(), attl.data(), lsel.data(), B, T, A, Hl);
+  tensor::ColumnParallelLinear(&tp, C, 3 * A).backward_input(dxl.data(), dqkvl.data(), Wl.data(), N);
+  tensor::ColumnParallelLinear(&tp, C, 3 * A).backward_weight(dWl.data(), dbl.data(), dqkvl.data(), whole, N, false);
+  expect_close(dxl.data(), dx.data() + first * C, R * C, 1e-5f, what + " dx");
+  expect_close(dWl.data(), slice_of(dW, {3 * C, C}, 0, 3, t, r).data(), 3 * A * C, 1e-5f, what + " d c_attn.weight");
+  expect_close(dbl.data(), slice_of(db, {3 * C}, 0, 3, t, r).data(), 3 * A, 1e-5f, what + " d c_attn.bias");
+  expect_close(dPl.data(), slice_of(dP, {C, C}, 1, 1, t, r).data(), C * A, 1e-5f, what + " d c_proj.weight");
+  expect_close(dpbl.data(), dpb.data(), C, 1e-5f, what + " d c_proj.bias");
+}
+
+TEST(TensorParallelLayers, AttentionByHeadsMatchesTheWholeLayer) {
+  for (int t : {2, 4}) {
+    if (t > world().size()) continue;
+    for (bool sp : {false, true}) check_attention(groups_of(t), sp);
+  }
+}
+
+// The vocabulary-parallel loss at V=1000 (padded to 1024: at t=2 ranges of
+// 512 and 488 real classes, at t=4 256, 256, 256 and 232) equals the
+// one-process kernel; so do dlogits.
 TEST(TensorParallelLayers, VocabularyParallelCrossEntropyMatchesTheWholeSoftmax) {
   const int64_t N = 6;
-  const int V = 101;
+  const int V = 1000;
   for (int t : {2, 4}) {
     if (t > world().size()) continue;
     comm::Communicator& group = groups_of(t);
@@ -182,7 +257,7 @@ TEST(TensorParallelLayers, VocabularyParallelCrossEntropyMatchesTheWholeSoftmax)
 // one-process lookup (adding zeros is exact); and its backward: each rank's
 // rows of d wte, and the whole d wpe on every rank.
 TEST(TensorParallelLayers, VocabularyParallelEmbeddingMatchesTheWholeTable) {
-  const int B = 2, T = 4, C = 8, V = 101;
+  const int B = 2, T = 4, C = 8, V = 1000;
   for (int t : {2, 4}) {
     if (t > world().size()) continue;
     comm::Communicator& group = groups_of(t);
@@ -191,7 +266,7 @@ TEST(TensorParallelLayers, VocabularyParallelEmbeddingMatchesTheWholeTable) {
     const std::vector<float> wte = random_vector(static_cast<size_t>(Vp) * C, 21), wpe = random_vector(T * C, 22),
                              dx = random_vector(B * T * C, 23);
     std::vector<int32_t> tokens(B * T);
-    for (int i = 0; i < B * T; i++) tokens[i] = (i * 29 + 3) % V;
+    for (int i = 0; i < B * T; i++) tokens[i] = (i * 277 + 3) % V;  // tokens of every rank's range
     std::vector<float> want(B * T * C), dwte(static_cast<size_t>(Vp) * C, 0.0f), dwpe(T * C, 0.0f);
     k::embedding_forward(want.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
     k::embedding_backward(dwte.data(), dwpe.data(), dx.data(), tokens.data(), B, T, C);
@@ -207,6 +282,39 @@ TEST(TensorParallelLayers, VocabularyParallelEmbeddingMatchesTheWholeTable) {
     k::embedding_backward(my_dwte.data(), my_dwpe.data(), dx.data(), rows.data(), B, T, C);
     EXPECT_TRUE(std::equal(my_dwte.begin(), my_dwte.end(), dwte.begin() + range.first * C)) << "t=" << t;
     EXPECT_EQ(my_dwpe, dwpe) << "t=" << t;
+  }
+}
+
+// The split backward (backward_input of every layer, then backward_weight:
+// how pipeline schedules will run it) on slices gives bitwise the fused
+// backward's gradients, over two micro-batches, SP off and on.
+TEST(TensorParallel, SplitBackwardEqualsFusedOnSlices) {
+  model::ModelConfig mc;
+  mc.n_layer = 2, mc.n_head = 4, mc.n_embd = 32, mc.vocab_size = 1000, mc.seq_len = 8;
+  const int B = 2, T = 8;
+  std::vector<int32_t> in(B * T), out(B * T);
+  for (int i = 0; i < B * T; i++) in[i] = (i * 263 + 1) % 1000, out[i] = (i * 171 + 5) % 1000;
+  for (int t : {2, 4}) {
+    if (t > world().size()) continue;
+    for (bool sp : {false, true}) {
+      tensor::TensorParallel tp(groups_of(t), sp);
+      model::GPT fused(mc, 3, &tp), split(mc, 3, &tp);
+      fused.zero_grad();
+      split.zero_grad();
+      for (int m = 0; m < 2; m++) {
+        fused.forward(0, in.data(), out.data(), B, T, 0.5f);
+        fused.backward(0);
+        split.forward(0, in.data(), out.data(), B, T, 0.5f);
+        split.backward_input(0);
+        split.backward_weight(0);
+      }
+      for (size_t g = 0; g < fused.groups().size(); g++) {
+        const model::ParamGroup& a = fused.groups()[g];
+        const model::ParamGroup& b = split.groups()[g];
+        EXPECT_TRUE(std::equal(a.grad(), a.grad() + a.numel(), b.grad()))
+            << "t=" << t << (sp ? " SP" : "") << " group " << a.name();
+      }
+    }
   }
 }
 
@@ -252,9 +360,27 @@ std::string describe(const io::RunConfig& c) {
 using mpitest::expect_same_run;
 using mpitest::RunResult;
 
+// Every rank of the layout must end with the same full tensors: the sliced
+// ones are assembled alike, and each rank reports its own copy of the
+// replicated ones (LayerNorms, row-parallel biases, wpe), which must not drift
+// apart across the TP group. Checked bitwise with a max and a min over the ranks.
+void expect_identical_on_every_rank(const RunResult& r, comm::Communicator& ranks, const std::string& what) {
+  for (const train::HfTensor& p : r.params) {
+    std::vector<float> hi = p.data, lo = p.data;
+    ranks.all_reduce(hi.data(), hi.size(), DType::F32, comm::ReduceOp::Max);
+    for (float& v : lo) v = -v;
+    ranks.all_reduce(lo.data(), lo.size(), DType::F32, comm::ReduceOp::Max);
+    bool same = true;
+    for (size_t i = 0; i < p.data.size(); i++) same = same && hi[i] == p.data[i] && -lo[i] == p.data[i];
+    EXPECT_TRUE(same) << what << ": " << p.name << " differs between ranks";
+  }
+}
+
 RunResult train(const io::RunConfig& cfg, comm::Communicator& ranks, int steps = kSteps,
-                const std::string& save_dir = "") {
-  return mpitest::train_run(cfg, ranks, steps, save_dir);
+                const std::string& save_dir = "", bool split_backward = false) {
+  RunResult r = mpitest::train_run(cfg, ranks, steps, save_dir, split_backward);
+  expect_identical_on_every_rank(r, ranks, describe(cfg));
+  return r;
 }
 
 // The one-process run of a vocabulary, computed once per job.
@@ -265,17 +391,20 @@ const RunResult& reference(int vocab) {
   return it->second;
 }
 
-// V=128 is divisible by t ∈ {2, 4} (no padding beyond GPT-2's tiles); 50257
-// is GPT-2's own and divisible by neither — each rank's range is padded.
+// V=512 is divisible by 128t for t ∈ {2, 4}: no padding, every rank's range
+// all real. 50257 is GPT-2's own and divisible by neither: padded to 50432 at
+// t=2 and 50688 at t=4, the last rank's range partly padding. One and two
+// micro-batches per step (SP's partial LayerNorm gradients accumulate).
 TEST(TensorParallel, EveryTpLayoutTrainsTheOneProcessModel) {
-  for (int vocab : {128, 50257}) {
+  for (int vocab : {512, 50257}) {
     const RunResult& want = reference(vocab);
     for (int t : {2, 4}) {
       if (t > world().size()) continue;
-      for (bool sp : {false, true}) {
-        const io::RunConfig c = layout(vocab, t, sp);
-        expect_same_run(train(c, groups_of(t)), want, describe(c));
-      }
+      for (bool sp : {false, true})
+        for (int micro : {1, 2}) {
+          const io::RunConfig c = layout(vocab, t, sp, 1, 0, micro);
+          expect_same_run(train(c, groups_of(t)), want, describe(c));
+        }
     }
   }
 }
@@ -286,13 +415,19 @@ TEST(TensorParallel, DataTimesTensorParallelWithZeroTrainsTheOneProcessModel) {
   if (world().size() < 4) GTEST_SKIP() << "dp2 x tp2 needs 4 ranks";
   for (int stage = 0; stage <= 3; stage++)
     for (bool sp : {false, true}) {
-      const io::RunConfig c = layout(101, 2, sp, 2, stage, 2);
-      expect_same_run(train(c, groups_of(4)), reference(101), describe(c));
+      const io::RunConfig c = layout(1000, 2, sp, 2, stage, 2);
+      expect_same_run(train(c, groups_of(4)), reference(1000), describe(c));
     }
-  io::RunConfig c = layout(101, 2, true, 2, 1, 2);
+  // The split backward (backward_input, then backward_weight) under the ZeRO
+  // stages that hook into it most: gradients (2) and parameters (3) sharded.
+  for (int stage : {2, 3}) {
+    const io::RunConfig split = layout(1000, 2, true, 2, stage, 2);
+    expect_same_run(train(split, groups_of(4), kSteps, "", true), reference(1000), describe(split) + " split backward");
+  }
+  io::RunConfig c = layout(1000, 2, true, 2, 1, 2);
   c.zero.offload = "disk";
   c.zero.offload_dir = shared_dir("offload").string();
-  expect_same_run(train(c, groups_of(4)), reference(101), describe(c) + " offload");
+  expect_same_run(train(c, groups_of(4)), reference(1000), describe(c) + " offload");
 }
 
 // Evaluation (no backward, no generation) under TP and SP is the one-process
@@ -325,8 +460,8 @@ TEST(TensorParallel, EvaluationMatchesOneProcess) {
 // uninterrupted run.
 TEST(TensorParallel, CheckpointAtTp2ResumesAtTp1AndTp4) {
   const fs::path dir = shared_dir("ckpt");
-  const RunResult& want = reference(101);
-  const io::RunConfig at2 = layout(101, 2, true);
+  const RunResult& want = reference(1000);
+  const io::RunConfig at2 = layout(1000, 2, true);
   comm::Communicator& pairs = groups_of(2);  // collective: every rank makes its pair
   RunResult saved;
   if (world().rank() < 2) saved = train(at2, pairs, 5, dir.string());
@@ -351,8 +486,8 @@ TEST(TensorParallel, CheckpointAtTp2ResumesAtTp1AndTp4) {
     full.norms.erase(full.norms.begin(), full.norms.begin() + 5);
     expect_same_run(r, full, describe(c) + " resumed from tp=2");
   };
-  resumed(layout(101, 1, false), self());
-  if (world().size() >= 4) resumed(layout(101, 4, true), groups_of(4));
+  resumed(layout(1000, 1, false), self());
+  if (world().size() >= 4) resumed(layout(1000, 4, true), groups_of(4));
 }
 
 // ---------------------------------------------------------------- bytes --
@@ -368,12 +503,12 @@ Sent one_micro_batch(comm::Communicator& group, bool sp, int L, int B, int T) {
   mc.n_layer = L;
   mc.n_head = 4;
   mc.n_embd = 32;
-  mc.vocab_size = 101;
+  mc.vocab_size = 1000;
   mc.seq_len = T;
   tensor::TensorParallel tp(group, sp);
   model::GPT gpt(mc, 5, &tp);
   std::vector<int32_t> in(B * T), out(B * T);
-  for (int i = 0; i < B * T; i++) in[i] = (i * 7) % 101, out[i] = (i * 11 + 3) % 101;
+  for (int i = 0; i < B * T; i++) in[i] = (i * 277) % 1000, out[i] = (i * 111 + 3) % 1000;
   gpt.zero_grad();
   group.reset_stats();
   gpt.forward(0, in.data(), out.data(), B, T, 1.0f);
@@ -422,8 +557,9 @@ TEST(TensorParallel, BytesOnTheWireAreMegatronsPerLayerCounts) {
 
 // ---------------------------------------------------- activation memory --
 
-// Stored activations per layer per rank, measured as the difference between
-// models of 2 and 1 layers (the embedding's and head's buffers cancel),
+// Stored activations per layer per rank, measured by MemoryTracker after a
+// training forward as the difference between models of 2 and 1 layers (the
+// embedding's and head's buffers cancel),
 // against Korthikanti et al.'s per-layer formulas for 16-bit activations,
 //   sbh(34 + 5as/h)   sbh(10 + 24/t + 5as/(ht))   sbh(34/t + 5as/(ht))
 // adjusted to what lattice keeps, in fp32 (4 bytes, not 2):
@@ -447,13 +583,22 @@ TEST(TensorParallel, StoredActivationsFollowKorthikantisFormulasAdjusted) {
     if (t > world().size()) continue;
     for (bool sp : {false, true}) {
       if (t == 1 && sp) continue;
+      // What a training forward of one micro-batch leaves allocated in
+      // MemoryTracker's activations category (its slot: what the backward
+      // will read, the logits, the tokens), on a real model of L layers.
       auto per_model = [&](int L) {
         model::ModelConfig mc;
         mc.n_layer = L, mc.n_head = H, mc.n_embd = C, mc.vocab_size = 101, mc.seq_len = T;
         std::unique_ptr<tensor::TensorParallel> tp;
         if (t > 1) tp = std::make_unique<tensor::TensorParallel>(groups_of(t), sp);
-        model::GPT gpt(mc, model::GPT::Unallocated{}, tp.get());
-        return static_cast<double>(gpt.stored_activation_bytes(B, T));
+        model::GPT gpt(mc, 7, tp.get());
+        std::vector<int32_t> in(B * T), out(B * T);
+        for (int i = 0; i < B * T; i++) in[i] = (i * 5) % 101, out[i] = (i * 3 + 1) % 101;
+        const size_t before = MemoryTracker::instance().current(MemCategory::Activations);
+        gpt.forward(0, in.data(), out.data(), B, T, 1.0f);
+        const double grew = static_cast<double>(MemoryTracker::instance().current(MemCategory::Activations) - before);
+        EXPECT_EQ(grew, static_cast<double>(gpt.stored_activation_bytes(B, T))) << "t=" << t << (sp ? " SP" : "");
+        return grew;
       };
       const double measured = per_model(2) - per_model(1);
       const double h = C, a = H;
@@ -473,7 +618,7 @@ TEST(TensorParallel, StoredActivationsFollowKorthikantisFormulasAdjusted) {
 // --------------------------------------------------------------- bad input --
 
 TEST(TensorParallel, MeshThatDoesNotCoverTheRanksIsRefusedByName) {
-  io::RunConfig c = layout(101, 2, false);
+  io::RunConfig c = layout(1000, 2, false);
   c.parallel.dp = 1;  // tp·dp = 2 on a group of 4
   if (world().size() < 4) GTEST_SKIP();
   train::TrainerOptions o;

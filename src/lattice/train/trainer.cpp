@@ -257,7 +257,12 @@ StepStats Trainer::train_step_unguarded() {
     dp_->begin_micro_batch(m == micro - 1);
     train_data_->next(inputs_.data(), targets_.data());
     loss_sum += model_->forward(0, inputs_.data(), targets_.data(), B, T, 1.0f / static_cast<float>(micro));
-    model_->backward(0);
+    if (options_.split_backward) {
+      model_->backward_input(0);
+      model_->backward_weight(0);
+    } else {
+      model_->backward(0);
+    }
   }
   dp_->finish_gradients();
   // The gradients now hold the sum over ranks of each rank's mean over its

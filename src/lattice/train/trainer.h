@@ -66,6 +66,10 @@ struct TrainerOptions {
   // Ranks to lay the mesh over; null = every rank of the job (MPI_COMM_WORLD).
   // Tests use a one-rank split to run a reference beside a parallel layout.
   comm::Communicator* ranks = nullptr;
+  // Runs each micro-batch's backward split, backward_input then
+  // backward_weight (as zero-bubble pipeline schedules will), instead of the
+  // fused backward: the same arithmetic, tested to train the same model.
+  bool split_backward = false;
 };
 
 class Trainer {

@@ -36,7 +36,9 @@
 // so a contiguous block of the flattened rows is one all-gather away from the
 // whole tensor, with no transpose (Megatron's [T, B, C] layout gets the same
 // by cutting T). Every op between the regions is row-wise, so any row split
-// is exact; lattice requires T % t == 0 so a block never splits a token's row.
+// is exact. A micro-batch's B·T rows must divide into t equal blocks
+// (check_rows); the config asks model.seq_len % t == 0, which guarantees it
+// for every micro-batch size.
 //
 // ColumnParallelLinear and RowParallelLinear (below) are the two halves of a
 // region; gpt.cpp calls them for c_attn/c_proj and c_fc/c_proj, and for the
@@ -143,7 +145,7 @@ class RowParallelLinear {
 // ---- how GPT-2's parameters are cut (the ShardSpec of each, model/param_group.h) ----
 // Rows of wte for a vocabulary of V on t ranks: padded so each rank holds an
 // equal range of whole 128-row tiles, ceil(V / 128t)·128t (50304 at t=1,
-// 50432 at t=2 and 4). The padding rows are zero and their logits never take
+// 50432 at t=2, 50688 at t=4). The padding rows are zero and their logits never take
 // part in the softmax, so the loss is that of the V real classes at any t.
 int padded_vocab(int vocab_size, int t);
 
