@@ -1,0 +1,72 @@
+#include "lattice/parallel/pipeline/partition.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "lattice/core/error.h"
+
+namespace lattice::pipeline {
+
+std::vector<double> layer_costs(const model::ModelConfig& c, int T) {
+  // Per token, ×3 for forward + backward (the backward does two GEMMs per one
+  // of the forward): 2 FLOPs per multiply-add.
+  const double C = c.n_embd, V = c.padded_vocab();
+  std::vector<double> costs;
+  costs.push_back(3.0 * 2.0 * C);                     // the lookup: a row copy and add (tiny)
+  const double block = 3.0 * (2.0 * 12.0 * C * C      // c_attn 3C², c_proj C², c_fc 4C², c_proj 4C²
+                              + 2.0 * 2.0 * C * T);   // QKᵀ and PV (causal: counted whole, like MFU)
+  for (int l = 0; l < c.n_layer; l++) costs.push_back(block);
+  costs.push_back(3.0 * 2.0 * C * V);                 // the tied head's GEMM (the loss is O(V))
+  return costs;
+}
+
+std::vector<ChunkLayers> balanced_partition(const std::vector<double>& costs, int chunks) {
+  const int L = static_cast<int>(costs.size()) - 2;
+  LATTICE_CHECK(L >= 1, "balanced_partition: needs the embedding's, at least one layer's and the head's costs");
+  LATTICE_CHECK(chunks >= 1 && chunks <= L, "parallel.pp x parallel.virtual_stages = " << chunks << " chunks for "
+                                                << L << " layers (model.n_layer): every chunk needs at least one "
+                                                   "layer; lower parallel.pp or parallel.virtual_stages");
+  // prefix[i] = cost of layers [0, i), with the embedding on layer 0 and the head on layer L-1.
+  std::vector<double> prefix(static_cast<size_t>(L) + 1, 0.0);
+  for (int l = 0; l < L; l++)
+    prefix[l + 1] = prefix[l] + costs[l + 1] + (l == 0 ? costs[0] : 0.0) + (l == L - 1 ? costs[L + 1] : 0.0);
+  auto cost = [&](int a, int b) { return prefix[b] - prefix[a]; };
+  // best[c][i]: the least maximum over c chunks covering layers [0, i).
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(static_cast<size_t>(chunks) + 1, std::vector<double>(L + 1, inf));
+  std::vector<std::vector<int>> cut(static_cast<size_t>(chunks) + 1, std::vector<int>(L + 1, 0));
+  best[0][0] = 0;
+  for (int c = 1; c <= chunks; c++)
+    for (int i = c; i <= L; i++)
+      for (int j = c - 1; j < i; j++) {
+        const double v = std::max(best[c - 1][j], cost(j, i));
+        if (v < best[c][i]) best[c][i] = v, cut[c][i] = j;
+      }
+  std::vector<ChunkLayers> out(static_cast<size_t>(chunks));
+  for (int c = chunks, i = L; c >= 1; c--) {
+    out[c - 1] = {cut[c][i], i};
+    i = cut[c][i];
+  }
+  return out;
+}
+
+std::vector<ChunkLayers> explicit_partition(const std::vector<int>& layers_per_chunk, int layers, int chunks,
+                                            const std::string& what) {
+  LATTICE_CHECK(static_cast<int>(layers_per_chunk.size()) == chunks,
+                what << " lists " << layers_per_chunk.size() << " chunks but the pipeline has " << chunks
+                     << " (parallel.pp x parallel.virtual_stages)");
+  std::vector<ChunkLayers> out;
+  int first = 0;
+  for (size_t c = 0; c < layers_per_chunk.size(); c++) {
+    LATTICE_CHECK(layers_per_chunk[c] >= 1, what << ": chunk " << c << " has " << layers_per_chunk[c]
+                                                 << " layers; every chunk needs at least one");
+    out.push_back({first, first + layers_per_chunk[c]});
+    first += layers_per_chunk[c];
+  }
+  LATTICE_CHECK(first == layers, what << " covers " << first << " layers but the model has " << layers
+                                      << " (model.n_layer): every layer must be in exactly one chunk");
+  return out;
+}
+
+}  // namespace lattice::pipeline

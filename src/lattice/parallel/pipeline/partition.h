@@ -1,0 +1,38 @@
+// Which layers each pipeline chunk runs.
+//
+// The model's L blocks are cut into p·v chunks of consecutive layers (chunk
+// c runs on rank c % p for the loop placement of 1F1B and interleaved
+// schedules). The first chunk also runs the embedding and the last the final
+// LayerNorm, the LM head and the loss, so a balanced cut counts them: with
+// GPT-2's vocabulary the head alone costs about as much as 2 blocks of
+// GPT-2 small (its GEMM is C × 50304 against a block's 12·C²).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "lattice/model/config.h"
+
+namespace lattice::pipeline {
+
+struct ChunkLayers {
+  int first = 0, last = 0;  // layers [first, last)
+  bool operator==(const ChunkLayers& o) const { return first == o.first && last == o.last; }
+};
+
+// Training FLOPs per token (forward + backward) of: the embedding (index 0),
+// each block (1..L), and the final LayerNorm + head + loss (L + 1), at sequence length T.
+std::vector<double> layer_costs(const model::ModelConfig& c, int T);
+
+// The cut into `chunks` chunks of at least one layer that minimises the most
+// expensive chunk; costs as layer_costs() gives them (L + 2 entries: the
+// embedding's goes to the first chunk, the head's to the last). Ties go to
+// the earlier cut. Clear error when chunks > L.
+std::vector<ChunkLayers> balanced_partition(const std::vector<double>& costs, int chunks);
+
+// An explicit cut: layers per chunk, which must cover all L layers, each
+// chunk at least one. `what` names the setting in errors.
+std::vector<ChunkLayers> explicit_partition(const std::vector<int>& layers_per_chunk, int layers, int chunks,
+                                            const std::string& what);
+
+}  // namespace lattice::pipeline

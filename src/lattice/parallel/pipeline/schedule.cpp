@@ -1,0 +1,257 @@
+#include "lattice/parallel/pipeline/schedule.h"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <sstream>
+
+#include "lattice/core/error.h"
+#include "lattice/parallel/pipeline/simulator.h"
+
+namespace lattice::pipeline {
+
+char op_letter(Op op) {
+  switch (op) {
+    case Op::F: return 'F';
+    case Op::B: return 'B';
+    case Op::I: return 'I';
+    case Op::W: break;
+  }
+  return 'W';
+}
+
+std::string to_string(const Action& a) { return std::to_string(a.stage) + op_letter(a.op) + std::to_string(a.micro); }
+
+Action parse_action(std::string_view cell, const std::string& where) {
+  // <stage digits><F|B|I|W><micro-batch digits>
+  size_t i = 0;
+  auto digits = [&](int* out) {
+    const size_t start = i;
+    int64_t v = 0;
+    while (i < cell.size() && std::isdigit(static_cast<unsigned char>(cell[i])) && i - start < 9)
+      v = v * 10 + (cell[i++] - '0');
+    *out = static_cast<int>(v);
+    return i > start;
+  };
+  Action a;
+  bool ok = digits(&a.stage) && i < cell.size();
+  if (ok) {
+    switch (cell[i++]) {
+      case 'F': a.op = Op::F; break;
+      case 'B': a.op = Op::B; break;
+      case 'I': a.op = Op::I; break;
+      case 'W': a.op = Op::W; break;
+      default: ok = false;
+    }
+  }
+  ok = ok && digits(&a.micro) && i == cell.size();
+  LATTICE_CHECK(ok, where << ": '" << std::string(cell)
+                          << "' is not an action (expected <stage><F|B|I|W><micro-batch>, e.g. 1F3; "
+                             "F forward, B full backward, I input backward, W weight backward)");
+  return a;
+}
+
+// ---- generators ----
+
+static void check_sizes(const char* name, int p, int v, int m) {
+  LATTICE_CHECK(p >= 1, name << " schedule: needs at least one rank, got p=" << p);
+  LATTICE_CHECK(v >= 1, name << " schedule: needs at least one chunk per rank, got v=" << v);
+  LATTICE_CHECK(m >= 1, name << " schedule: needs at least one micro-batch, got m=" << m);
+}
+
+static Schedule empty_schedule(const std::string& name, int p, int v, int m) {
+  Schedule s;
+  s.name = name;
+  s.ranks = p;
+  s.stages = p * v;
+  s.micro_batches = m;
+  s.actions.assign(static_cast<size_t>(p), {});
+  s.rank_of_stage.resize(static_cast<size_t>(p * v));
+  for (int st = 0; st < p * v; st++) s.rank_of_stage[st] = st % p;  // stage c·p + r on rank r
+  return s;
+}
+
+Schedule gpipe(int p, int m) {
+  check_sizes("gpipe", p, 1, m);
+  Schedule s = empty_schedule("gpipe", p, 1, m);
+  for (int r = 0; r < p; r++) {
+    for (int k = 0; k < m; k++) s.actions[r].push_back({r, Op::F, k});
+    for (int k = 0; k < m; k++) s.actions[r].push_back({r, Op::B, k});
+  }
+  return s;
+}
+
+Schedule one_f_one_b(int p, int m) {
+  check_sizes("1f1b", p, 1, m);
+  Schedule s = empty_schedule("1f1b", p, 1, m);
+  for (int r = 0; r < p; r++) {
+    std::vector<Action>& a = s.actions[r];
+    const int warmup = std::min(p - 1 - r, m);
+    for (int k = 0; k < warmup; k++) a.push_back({r, Op::F, k});
+    for (int k = 0; k < m - warmup; k++) {
+      a.push_back({r, Op::F, warmup + k});
+      a.push_back({r, Op::B, k});
+    }
+    for (int k = m - warmup; k < m; k++) a.push_back({r, Op::B, k});
+  }
+  return s;
+}
+
+Schedule interleaved_1f1b(int p, int v, int m) {
+  check_sizes("interleaved", p, v, m);
+  LATTICE_CHECK(v >= 2, "interleaved schedule: needs parallel.virtual_stages >= 2 chunks per rank, got " << v
+                                                                                                        << " (1 is 1f1b)");
+  LATTICE_CHECK(m % p == 0, "interleaved schedule: the micro-batches per step (" << m
+                                << ") must be a multiple of parallel.pp=" << p
+                                << " (the schedule runs them in groups of p per chunk)");
+  Schedule s = empty_schedule("interleaved", p, v, m);
+  const int total = m * v;  // chunk-micro-batches per rank
+  // Virtual index k: groups of p micro-batches go through chunk 0, then chunk
+  // 1, ...; backwards visit the chunks in reverse.
+  auto micro_of = [&](int k) { return (k / (p * v)) * p + k % p; };
+  for (int r = 0; r < p; r++) {
+    std::vector<Action>& a = s.actions[r];
+    auto forward = [&](int k) { a.push_back({((k / p) % v) * p + r, Op::F, micro_of(k)}); };
+    auto backward = [&](int k) { a.push_back({(v - 1 - (k / p) % v) * p + r, Op::B, micro_of(k)}); };
+    const int warmup = std::min((p - r - 1) * 2 + (v - 1) * p, total);
+    for (int k = 0; k < warmup; k++) forward(k);
+    for (int k = 0; k < total - warmup; k++) {
+      forward(warmup + k);
+      backward(k);
+    }
+    for (int k = total - warmup; k < total; k++) backward(k);
+  }
+  return s;
+}
+
+Schedule make_schedule(const std::string& name, int p, int v, int m) {
+  if (name == "gpipe" || name == "1f1b") {
+    LATTICE_CHECK(v == 1, name << " schedule: one chunk per rank (parallel.virtual_stages=1), got " << v
+                               << "; the interleaved schedule runs several");
+    return name == "gpipe" ? gpipe(p, m) : one_f_one_b(p, m);
+  }
+  if (name == "interleaved") return interleaved_1f1b(p, v, m);
+  LATTICE_CHECK(name != "zb-h1" && name != "zb-v",
+                "schedule '" << name << "': the zero-bubble schedules are not generated yet; use gpipe, 1f1b or "
+                                        "interleaved, or write one as a CSV");
+  LATTICE_FAIL("unknown pipeline schedule '" << name << "' (known: gpipe, 1f1b, interleaved)");
+}
+
+// ---- CSV ----
+
+std::string to_csv(const Schedule& s) {
+  std::string out;
+  for (const std::vector<Action>& row : s.actions) {
+    for (size_t i = 0; i < row.size(); i++) out += (i ? "," : "") + to_string(row[i]);
+    out += "\n";
+  }
+  return out;
+}
+
+Schedule from_csv(const std::string& text, const std::string& source) {
+  Schedule s;
+  s.name = source;
+  std::istringstream in(text);
+  std::string line;
+  int row = 0;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    row++;
+    std::vector<Action> actions;
+    size_t col = 0, begin = 0;
+    while (begin <= line.size()) {
+      size_t end = line.find(',', begin);
+      if (end == std::string::npos) end = line.size();
+      std::string cell = line.substr(begin, end - begin);
+      cell.erase(0, cell.find_first_not_of(" \t"));
+      cell.erase(cell.find_last_not_of(" \t") + 1);
+      col++;
+      if (!cell.empty())
+        actions.push_back(parse_action(cell, source + " row " + std::to_string(row) + " (rank " +
+                                                 std::to_string(row - 1) + ") column " + std::to_string(col)));
+      begin = end + 1;
+    }
+    s.actions.push_back(std::move(actions));
+  }
+  while (!s.actions.empty() && s.actions.back().empty()) s.actions.pop_back();  // trailing blank lines
+  LATTICE_CHECK(!s.actions.empty(), source << ": no schedule (expected one row of actions per rank)");
+  s.ranks = static_cast<int>(s.actions.size());
+  for (const auto& r : s.actions)
+    for (const Action& a : r) {
+      s.stages = std::max(s.stages, a.stage + 1);
+      s.micro_batches = std::max(s.micro_batches, a.micro + 1);
+    }
+  s.rank_of_stage.assign(static_cast<size_t>(s.stages), -1);
+  for (int r = 0; r < s.ranks; r++)
+    for (const Action& a : s.actions[r]) {
+      int& owner = s.rank_of_stage[a.stage];
+      LATTICE_CHECK(owner < 0 || owner == r, source << ": action " << to_string(a) << " on rank " << r << " but stage "
+                                                    << a.stage << " is on rank " << owner
+                                                    << " (each stage lives on one rank)");
+      owner = r;
+    }
+  for (int st = 0; st < s.stages; st++)
+    LATTICE_CHECK(s.rank_of_stage[st] >= 0, source << ": stage " << st << " has no action on any rank (stages "
+                                                   << "0.." << s.stages - 1 << " are named)");
+  return s;
+}
+
+// ---- validation ----
+
+void validate_structure(const Schedule& s) {
+  const std::string who = "schedule " + s.name;
+  LATTICE_CHECK(s.ranks >= 1 && static_cast<int>(s.actions.size()) == s.ranks,
+                who << ": " << s.actions.size() << " rows of actions for " << s.ranks << " ranks");
+  LATTICE_CHECK(s.stages >= s.ranks && s.micro_batches >= 1 &&
+                    static_cast<int>(s.rank_of_stage.size()) == s.stages,
+                who << ": needs at least one stage per rank and one micro-batch (" << s.stages << " stages, "
+                    << s.micro_batches << " micro-batches, " << s.ranks << " ranks)");
+  // Per (stage, micro-batch): where each kind of action sits (rank, position), -1 if absent.
+  struct Seen {
+    int pos[4] = {-1, -1, -1, -1};
+  };
+  std::vector<Seen> seen(static_cast<size_t>(s.stages) * s.micro_batches);
+  for (int r = 0; r < s.ranks; r++)
+    for (size_t i = 0; i < s.actions[r].size(); i++) {
+      const Action& a = s.actions[r][i];
+      const std::string at = who + ": rank " + std::to_string(r) + " action " + std::to_string(i + 1) + " '" +
+                             to_string(a) + "'";
+      LATTICE_CHECK(a.stage >= 0 && a.stage < s.stages, at << ": stage outside 0.." << s.stages - 1);
+      LATTICE_CHECK(a.micro >= 0 && a.micro < s.micro_batches, at << ": micro-batch outside 0.." << s.micro_batches - 1);
+      LATTICE_CHECK(s.rank_of_stage[a.stage] == r, at << ": stage " << a.stage << " lives on rank "
+                                                      << s.rank_of_stage[a.stage]);
+      Seen& e = seen[static_cast<size_t>(a.stage) * s.micro_batches + a.micro];
+      int& pos = e.pos[static_cast<int>(a.op)];
+      LATTICE_CHECK(pos < 0, at << ": appears twice (first as action " << pos + 1 << ")");
+      pos = static_cast<int>(i);
+      const int f = e.pos[static_cast<int>(Op::F)], b = e.pos[static_cast<int>(Op::B)],
+                in = e.pos[static_cast<int>(Op::I)], w = e.pos[static_cast<int>(Op::W)];
+      if (a.op != Op::F)
+        LATTICE_CHECK(f >= 0, at << ": a backward before its forward " << a.stage << "F" << a.micro << " on this rank");
+      if (a.op == Op::W)
+        LATTICE_CHECK(in >= 0, at << ": a weight backward before its input backward " << a.stage << "I" << a.micro);
+      LATTICE_CHECK(!(b >= 0 && (in >= 0 || w >= 0)),
+                    at << ": stage " << a.stage << " micro-batch " << a.micro
+                       << " has both a full backward (B) and a split one (I/W)");
+    }
+  for (int st = 0; st < s.stages; st++)
+    for (int k = 0; k < s.micro_batches; k++) {
+      const Seen& e = seen[static_cast<size_t>(st) * s.micro_batches + k];
+      const std::string what = who + ": stage " + std::to_string(st) + " micro-batch " + std::to_string(k) +
+                               " (rank " + std::to_string(s.rank_of_stage[st]) + ")";
+      LATTICE_CHECK(e.pos[static_cast<int>(Op::F)] >= 0, what << " has no forward " << st << "F" << k);
+      const bool full = e.pos[static_cast<int>(Op::B)] >= 0, input = e.pos[static_cast<int>(Op::I)] >= 0,
+                 weight = e.pos[static_cast<int>(Op::W)] >= 0;
+      LATTICE_CHECK(full || input, what << " has no backward (" << st << "B" << k << ", or " << st << "I" << k
+                                        << " and " << st << "W" << k << ")");
+      LATTICE_CHECK(full || weight, what << " has no weight backward " << st << "W" << k << " after its " << st << "I"
+                                         << k);
+    }
+}
+
+void validate(const Schedule& s) {
+  validate_structure(s);
+  simulate(s, Costs{});  // throws naming the blocked action on a deadlock
+}
+
+}  // namespace lattice::pipeline

@@ -1,0 +1,178 @@
+// Pipeline schedules as data (parallel/pipeline/): the generators, the
+// validator, PyTorch's compute-only CSV, the simulator with unit costs, and
+// the layer partition. One process: schedules are pure functions.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "lattice/core/error.h"
+#include "lattice/parallel/pipeline/partition.h"
+#include "lattice/parallel/pipeline/schedule.h"
+#include "lattice/parallel/pipeline/simulator.h"
+
+using namespace lattice;
+using namespace lattice::pipeline;
+
+namespace {
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_ERROR_HAS(stmt, piece)                                \
+  do {                                                               \
+    const std::string msg_ = error_of([&] { stmt; });                \
+    EXPECT_NE(msg_.find(piece), std::string::npos) << "message: " << msg_; \
+  } while (0)
+
+TEST(PipelineSchedule, EveryGeneratedListIsValid) {
+  for (int p = 1; p <= 8; p++)
+    for (int m = 1; m <= 32; m++) {
+      EXPECT_NO_THROW(validate(gpipe(p, m))) << "gpipe p=" << p << " m=" << m;
+      EXPECT_NO_THROW(validate(one_f_one_b(p, m))) << "1f1b p=" << p << " m=" << m;
+      if (m % p == 0)
+        for (int v : {2, 3, 4}) EXPECT_NO_THROW(validate(interleaved_1f1b(p, v, m))) << "interleaved p=" << p << " v=" << v << " m=" << m;
+    }
+}
+
+// With F = I = W = 1 (a full B costs 2), GPipe and 1F1B leave (p-1)/(m+p-1)
+// of p × makespan idle, exactly; interleaving v chunks (each action a chunk's
+// cost) cuts it to (p-1)/(v·m+p-1).
+TEST(PipelineSchedule, UnitCostBubblesAreTheTextbookFormulas) {
+  for (int p = 1; p <= 8; p++)
+    for (int m = 1; m <= 32; m++) {
+      const double want = static_cast<double>(p - 1) / (m + p - 1);
+      EXPECT_NEAR(simulate(gpipe(p, m)).bubble, want, 1e-12) << "gpipe p=" << p << " m=" << m;
+      EXPECT_NEAR(simulate(one_f_one_b(p, m)).bubble, want, 1e-12) << "1f1b p=" << p << " m=" << m;
+      if (m % p == 0)
+        for (int v : {2, 3}) {
+          const double inter = static_cast<double>(p - 1) / (v * m + p - 1);
+          EXPECT_NEAR(simulate(interleaved_1f1b(p, v, m)).bubble, inter, 1e-12)
+              << "interleaved p=" << p << " v=" << v << " m=" << m;
+        }
+    }
+}
+
+// GPipe holds every micro-batch's activations; 1F1B at most p - r on rank r.
+TEST(PipelineSchedule, PeakInFlightMicroBatches) {
+  for (int p = 1; p <= 8; p++)
+    for (int m = 1; m <= 32; m++) {
+      const Simulation g = simulate(gpipe(p, m)), f = simulate(one_f_one_b(p, m));
+      EXPECT_EQ(g.max_peak_in_flight(), m) << "gpipe p=" << p << " m=" << m;
+      EXPECT_LE(f.max_peak_in_flight(), p) << "1f1b p=" << p << " m=" << m;
+      for (int r = 0; r < p; r++) EXPECT_EQ(f.peak_in_flight[r], std::min(p - r, m)) << "1f1b rank " << r;
+    }
+}
+
+Schedule csv(const std::string& text) { return from_csv(text, "test.csv"); }
+
+TEST(PipelineSchedule, CsvRoundTripIsIdentity) {
+  for (const Schedule& s : {gpipe(4, 8), one_f_one_b(3, 7), interleaved_1f1b(4, 2, 8), interleaved_1f1b(2, 3, 4)}) {
+    const Schedule back = from_csv(to_csv(s), "round trip");
+    EXPECT_EQ(back.actions, s.actions) << s.name;
+    EXPECT_EQ(back.rank_of_stage, s.rank_of_stage) << s.name;
+    EXPECT_EQ(back.stages, s.stages);
+    EXPECT_EQ(back.micro_batches, s.micro_batches);
+    EXPECT_EQ(to_csv(back), to_csv(s));
+  }
+}
+
+// PyTorch-format CSVs written by hand (empty cells are idle slots, as
+// torch.distributed.pipelining writes them) load, validate and are the lists
+// lattice generates.
+TEST(PipelineSchedule, HandWrittenPyTorchCsvsLoad) {
+  const Schedule f = csv("0F0,,0F1,0B0,0F2,0B1,0B2\n,1F0,1B0,1F1,1B1,1F2,1B2\n");
+  EXPECT_NO_THROW(validate(f));
+  EXPECT_EQ(f.actions, one_f_one_b(2, 3).actions);
+  const Schedule i = csv("0F0,0F1,2F0,2F1,,,2B0,2B1,0B0,0B1\r\n,1F0,1F1,3F0,3B0,3F1,3B1,1B0,1B1\r\n\r\n");
+  EXPECT_NO_THROW(validate(i));
+  EXPECT_EQ(i.actions, interleaved_1f1b(2, 2, 2).actions);
+  EXPECT_EQ(i.rank_of_stage, (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(i.chunks_per_rank(), 2);
+  // A split backward (I then W), as zero-bubble schedules write it.
+  const Schedule z = csv("0F0,0F1,0I0,0I1,0W0,0W1\n1F0,1I0,1F1,1I1,1W0,1W1\n");
+  EXPECT_NO_THROW(validate(z));
+  const Simulation sim = simulate(z);
+  EXPECT_GT(sim.makespan, 0);
+}
+
+TEST(PipelineSchedule, BrokenListsAreRefusedNamingTheAction) {
+  EXPECT_ERROR_HAS(validate(csv("0B0,0F0\n")), "rank 0 action 1 '0B0': a backward before its forward 0F0");
+  EXPECT_ERROR_HAS(validate(csv("0F0,0I0\n")), "stage 0 micro-batch 0 (rank 0) has no weight backward 0W0");
+  EXPECT_ERROR_HAS(validate(csv("0F0,0W0,0I0\n")), "'0W0': a weight backward before its input backward 0I0");
+  EXPECT_ERROR_HAS(validate(csv("0F0,0F1,0B0\n")), "stage 0 micro-batch 1 (rank 0) has no backward");
+  EXPECT_ERROR_HAS(validate(csv("0F0,0B0,0F0\n")), "'0F0': appears twice");
+  EXPECT_ERROR_HAS(validate(csv("0F0,0B0,0I0,0W0\n")), "both a full backward (B) and a split one");
+  // Each rank waits for the other: rank 1 starts micro-batch 1, whose input
+  // rank 0 produces only after the backward of micro-batch 0, which waits for
+  // rank 1's backward of micro-batch 0, which rank 1 runs after micro-batch 1.
+  EXPECT_ERROR_HAS(validate(csv("0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n")),
+                   "deadlock: rank 0 action 2 '0B0' waits for 1B0 or 1I0 on rank 1");
+  EXPECT_ERROR_HAS(csv("0F0,1F0\n1B0\n"), "stage 1 is on rank 0");
+  EXPECT_ERROR_HAS(csv("0F0,0X0\n"), "test.csv row 1 (rank 0) column 2: '0X0' is not an action");
+  EXPECT_ERROR_HAS(csv("0F0,F1\n"), "'F1' is not an action");
+  EXPECT_ERROR_HAS(csv("\n\n"), "no schedule");
+  EXPECT_ERROR_HAS(csv("0F0,0B0\n2F0,2B0\n"), "stage 1 has no action on any rank");
+  EXPECT_ERROR_HAS(validate(csv("0F0,0B0\n1F1,1B1\n")), "has no forward");
+}
+
+TEST(PipelineSchedule, NamesAndSizesAreChecked) {
+  EXPECT_EQ(make_schedule("1f1b", 4, 1, 8).actions, one_f_one_b(4, 8).actions);
+  EXPECT_EQ(make_schedule("interleaved", 2, 2, 4).actions, interleaved_1f1b(2, 2, 4).actions);
+  EXPECT_ERROR_HAS(make_schedule("pipedream", 2, 1, 4), "unknown pipeline schedule 'pipedream'");
+  EXPECT_ERROR_HAS(make_schedule("zb-v", 2, 2, 4), "zero-bubble schedules are not generated yet");
+  EXPECT_ERROR_HAS(make_schedule("interleaved", 4, 2, 6), "must be a multiple of parallel.pp=4");
+  EXPECT_ERROR_HAS(make_schedule("interleaved", 4, 1, 8), "needs parallel.virtual_stages >= 2");
+  EXPECT_ERROR_HAS(make_schedule("gpipe", 4, 2, 8), "one chunk per rank");
+  EXPECT_ERROR_HAS(make_schedule("1f1b", 0, 1, 8), "needs at least one rank");
+  EXPECT_ERROR_HAS(make_schedule("1f1b", 2, 1, 0), "needs at least one micro-batch");
+}
+
+// Transfers between ranks lengthen the critical path: GPipe's makespan grows
+// by exactly 2(p-1) transfers (the forward fill and the backward drain; its
+// streams are otherwise back to back). 1F1B's by more: in its steady state
+// each forward waits for the backward that frees its slot, a round trip.
+TEST(PipelineSimulator, TransferTimeIsOnTheCriticalPath) {
+  const int p = 4, m = 8;
+  Costs c;
+  const double gpipe_base = simulate(gpipe(p, m), c).makespan, base = simulate(one_f_one_b(p, m), c).makespan;
+  c.transfer = 0.25;
+  EXPECT_NEAR(simulate(gpipe(p, m), c).makespan, gpipe_base + 2 * (p - 1) * 0.25, 1e-12);
+  EXPECT_GT(simulate(one_f_one_b(p, m), c).makespan, base + 2 * (p - 1) * 0.25);
+  // Measured-style costs: backward twice the forward.
+  c = {1.0, 1.2, 0.8, 0.0};
+  const Simulation s = simulate(one_f_one_b(p, m), c);
+  EXPECT_NEAR(s.makespan, (m + p - 1) * 3.0, 1e-12);
+}
+
+TEST(PipelinePartition, BalancedByCostWithTheHeadOnTheLastChunk) {
+  model::ModelConfig gpt2;  // 124M: the head costs about 2.7 blocks
+  const std::vector<double> costs = layer_costs(gpt2, 1024);
+  ASSERT_EQ(costs.size(), 14u);
+  const std::vector<ChunkLayers> four = balanced_partition(costs, 4);
+  ASSERT_EQ(four.size(), 4u);
+  EXPECT_EQ(four.front().first, 0);
+  EXPECT_EQ(four.back().last, 12);
+  for (size_t c = 1; c < four.size(); c++) EXPECT_EQ(four[c].first, four[c - 1].last);
+  EXPECT_LT(four.back().last - four.back().first, four.front().last - four.front().first)
+      << "the chunk with the LM head takes fewer blocks";
+  // Uniform costs without embedding or head: equal chunks.
+  std::vector<double> flat(14, 1.0);
+  flat.front() = flat.back() = 0.0;
+  EXPECT_EQ(balanced_partition(flat, 3), (std::vector<ChunkLayers>{{0, 4}, {4, 8}, {8, 12}}));
+  EXPECT_ERROR_HAS(balanced_partition(costs, 13), "13 chunks for 12 layers");
+  EXPECT_EQ(explicit_partition({3, 4, 5}, 12, 3, "parallel.partition"),
+            (std::vector<ChunkLayers>{{0, 3}, {3, 7}, {7, 12}}));
+  EXPECT_ERROR_HAS(explicit_partition({3, 4}, 12, 3, "parallel.partition"), "lists 2 chunks but the pipeline has 3");
+  EXPECT_ERROR_HAS(explicit_partition({3, 4, 4}, 12, 3, "parallel.partition"), "covers 11 layers but the model has 12");
+  EXPECT_ERROR_HAS(explicit_partition({0, 6, 6}, 12, 3, "parallel.partition"), "chunk 0 has 0 layers");
+}
+
+}  // namespace
