@@ -37,6 +37,7 @@ TEST(PipelineSchedule, EveryGeneratedListIsValid) {
     for (int m = 1; m <= 32; m++) {
       EXPECT_NO_THROW(validate(gpipe(p, m))) << "gpipe p=" << p << " m=" << m;
       EXPECT_NO_THROW(validate(one_f_one_b(p, m))) << "1f1b p=" << p << " m=" << m;
+      EXPECT_NO_THROW(validate(zb_h1(p, m))) << "zb-h1 p=" << p << " m=" << m;
       if (m % p == 0)
         for (int v : {2, 3, 4}) EXPECT_NO_THROW(validate(interleaved_1f1b(p, v, m))) << "interleaved p=" << p << " v=" << v << " m=" << m;
     }
@@ -60,7 +61,24 @@ TEST(PipelineSchedule, UnitCostBubblesAreTheTextbookFormulas) {
     }
 }
 
-// GPipe holds every micro-batch's activations; 1F1B at most p - r on rank r.
+// ZB-H1 with F = I = W: bubble (p-1)/(3m+p-1) for m >= p, which is 1F1B's
+// times (m+p-1)/(3m+p-1) = 1/3 + 2(p-1)/(3(3m+p-1)) — a third plus a
+// tolerance that vanishes as m grows (the p-1 forwards of the fill, which
+// nothing can overlap, are a larger share of a shorter step). Below m = p it
+// is still no worse than 1F1B.
+TEST(PipelineSchedule, ZbH1HasAThirdOf1F1BsBubble) {
+  for (int p = 1; p <= 8; p++)
+    for (int m = 1; m <= 32; m++) {
+      const double zb = simulate(zb_h1(p, m)).bubble, f1b = simulate(one_f_one_b(p, m)).bubble;
+      EXPECT_LE(zb, f1b + 1e-12) << "p=" << p << " m=" << m;
+      if (m < p || p == 1) continue;
+      EXPECT_NEAR(zb, static_cast<double>(p - 1) / (3 * m + p - 1), 1e-12) << "p=" << p << " m=" << m;
+      EXPECT_LE(zb, f1b / 3 + f1b * 2.0 * (p - 1) / (3.0 * (3 * m + p - 1)) + 1e-12) << "p=" << p << " m=" << m;
+    }
+}
+
+// GPipe holds every micro-batch's activations; 1F1B at most p - r on rank r;
+// ZB-H1 at most p on any rank (1F1B's peak).
 TEST(PipelineSchedule, PeakInFlightMicroBatches) {
   for (int p = 1; p <= 8; p++)
     for (int m = 1; m <= 32; m++) {
@@ -68,13 +86,14 @@ TEST(PipelineSchedule, PeakInFlightMicroBatches) {
       EXPECT_EQ(g.max_peak_in_flight(), m) << "gpipe p=" << p << " m=" << m;
       EXPECT_LE(f.max_peak_in_flight(), p) << "1f1b p=" << p << " m=" << m;
       for (int r = 0; r < p; r++) EXPECT_EQ(f.peak_in_flight[r], std::min(p - r, m)) << "1f1b rank " << r;
+      EXPECT_LE(simulate(zb_h1(p, m)).max_peak_in_flight(), p) << "zb-h1 p=" << p << " m=" << m;
     }
 }
 
 Schedule csv(const std::string& text) { return from_csv(text, "test.csv"); }
 
 TEST(PipelineSchedule, CsvRoundTripIsIdentity) {
-  for (const Schedule& s : {gpipe(4, 8), one_f_one_b(3, 7), interleaved_1f1b(4, 2, 8), interleaved_1f1b(2, 3, 4)}) {
+  for (const Schedule& s : {gpipe(4, 8), one_f_one_b(3, 7), zb_h1(4, 8), interleaved_1f1b(4, 2, 8), interleaved_1f1b(2, 3, 4)}) {
     const Schedule back = from_csv(to_csv(s), "round trip");
     EXPECT_EQ(back.actions, s.actions) << s.name;
     EXPECT_EQ(back.rank_of_stage, s.rank_of_stage) << s.name;
@@ -127,7 +146,8 @@ TEST(PipelineSchedule, NamesAndSizesAreChecked) {
   EXPECT_EQ(make_schedule("1f1b", 4, 1, 8).actions, one_f_one_b(4, 8).actions);
   EXPECT_EQ(make_schedule("interleaved", 2, 2, 4).actions, interleaved_1f1b(2, 2, 4).actions);
   EXPECT_ERROR_HAS(make_schedule("pipedream", 2, 1, 4), "unknown pipeline schedule 'pipedream'");
-  EXPECT_ERROR_HAS(make_schedule("zb-v", 2, 2, 4), "zero-bubble schedules are not generated yet");
+  EXPECT_EQ(make_schedule("zb-h1", 4, 1, 8).actions, zb_h1(4, 8).actions);
+  EXPECT_ERROR_HAS(make_schedule("zb-v", 2, 2, 4), "V-shaped zero-bubble schedule is not generated yet");
   EXPECT_ERROR_HAS(make_schedule("interleaved", 4, 2, 6), "must be a multiple of parallel.pp=4");
   EXPECT_ERROR_HAS(make_schedule("interleaved", 4, 1, 8), "needs parallel.virtual_stages >= 2");
   EXPECT_ERROR_HAS(make_schedule("gpipe", 4, 2, 8), "one chunk per rank");

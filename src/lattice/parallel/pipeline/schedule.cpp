@@ -124,17 +124,43 @@ Schedule interleaved_1f1b(int p, int v, int m) {
   return s;
 }
 
+Schedule zb_h1(int p, int m) {
+  check_sizes("zb-h1", p, 1, m);
+  Schedule s = empty_schedule("zb-h1", p, 1, m);
+  for (int r = 0; r < p; r++) {
+    std::vector<Action>& a = s.actions[r];
+    const int warmup = std::min(p - 1 - r, m);
+    std::vector<int> pending;  // micro-batches whose W is still to run, oldest first
+    size_t oldest = 0;
+    auto weight = [&] { a.push_back({r, Op::W, pending[oldest++]}); };
+    auto deferred = [&] { return static_cast<int>(pending.size() - oldest); };
+    for (int k = 0; k < warmup; k++) a.push_back({r, Op::F, k});
+    for (int k = 0; k < m - warmup; k++) {
+      a.push_back({r, Op::F, warmup + k});
+      a.push_back({r, Op::I, k});
+      pending.push_back(k);
+      while (deferred() > r) weight();  // rank r keeps r weight passes back
+    }
+    for (int k = m - warmup; k < m; k++) {
+      a.push_back({r, Op::I, k});
+      pending.push_back(k);
+      weight();  // the drain: one W after each I, filling the wait for the next
+    }
+    while (deferred() > 0) weight();
+  }
+  return s;
+}
+
 Schedule make_schedule(const std::string& name, int p, int v, int m) {
-  if (name == "gpipe" || name == "1f1b") {
+  if (name == "gpipe" || name == "1f1b" || name == "zb-h1") {
     LATTICE_CHECK(v == 1, name << " schedule: one chunk per rank (parallel.virtual_stages=1), got " << v
                                << "; the interleaved schedule runs several");
-    return name == "gpipe" ? gpipe(p, m) : one_f_one_b(p, m);
+    return name == "gpipe" ? gpipe(p, m) : name == "1f1b" ? one_f_one_b(p, m) : zb_h1(p, m);
   }
   if (name == "interleaved") return interleaved_1f1b(p, v, m);
-  LATTICE_CHECK(name != "zb-h1" && name != "zb-v",
-                "schedule '" << name << "': the zero-bubble schedules are not generated yet; use gpipe, 1f1b or "
-                                        "interleaved, or write one as a CSV");
-  LATTICE_FAIL("unknown pipeline schedule '" << name << "' (known: gpipe, 1f1b, interleaved)");
+  LATTICE_CHECK(name != "zb-v", "schedule 'zb-v': the V-shaped zero-bubble schedule is not generated yet; use "
+                                "gpipe, 1f1b, interleaved or zb-h1, or write one as a CSV");
+  LATTICE_FAIL("unknown pipeline schedule '" << name << "' (known: gpipe, 1f1b, interleaved, zb-h1)");
 }
 
 // ---- CSV ----

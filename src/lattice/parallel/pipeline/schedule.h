@@ -72,9 +72,16 @@ Schedule one_f_one_b(int p, int m);
 // stage c·p + r on rank r; m must be a multiple of p; bubble
 // (p-1)/(v·m + p - 1) at equal per-chunk costs.
 Schedule interleaved_1f1b(int p, int v, int m);
-// By name: "gpipe", "1f1b", "interleaved" (v >= 2). Clear errors for a bad
-// p, v or m, an unknown name, and the zero-bubble schedules ("zb-h1",
-// "zb-v"), which are not generated yet.
+// ZB-H1 (Qi et al. 2024, "handcrafted 1"): 1F1B with the backward split into
+// I and W. Only I is on the critical path (the dX chain upstream), so it
+// travels back one I per hop instead of one B; rank r keeps up to r W passes
+// back in the steady state (its activations stay in flight: at most p, as on
+// rank 0 of 1F1B, so the peak memory is 1F1B's) and runs one after each I of
+// the drain, filling the waits. With F = I = W its bubble is
+// (p-1)/(3m+p-1), a third of 1F1B's plus 2(p-1)/(3(3m+p-1)) of it.
+Schedule zb_h1(int p, int m);
+// By name: "gpipe", "1f1b", "zb-h1", "interleaved" (v >= 2). Clear errors for
+// a bad p, v or m, an unknown name, and "zb-v", which is not generated yet.
 Schedule make_schedule(const std::string& name, int p, int v, int m);
 
 // ---- PyTorch's compute-only CSV ----
