@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 namespace fs = std::filesystem;
@@ -190,4 +191,41 @@ TEST(Cli, OversubscribedThreadsAreReported) {
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.output.find("warning:"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(std::to_string(cores) + " threads per rank"), std::string::npos) << r.output;
+}
+
+// lattice schedule: generate, write (CSV, Chrome trace, SVG), read back; and
+// lattice inspect on the CSV and the trace. Bad input exits non-zero, naming it.
+TEST(Cli, ScheduleCommandWritesAndInspectReads) {
+  const fs::path dir = scratch("schedule");
+  const std::string csv = (dir / "s.csv").string(), trace = (dir / "t.json").string(), svg = (dir / "s.svg").string();
+  Result r = run("schedule 1f1b --pp 4 --micro-batches 8 --csv " + csv + " --trace " + trace + " --plot " + svg);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("bubble 0.2727 (formula 0.2727)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 3: 3F0 3B0 3F1 3B1"), std::string::npos) << r.output;
+  for (const std::string& f : {csv, trace, svg}) EXPECT_TRUE(fs::exists(f)) << f;
+  r = run("schedule " + csv + " --costs 1,1,1");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("bubble 0.2727"), std::string::npos) << r.output;
+  r = run("inspect " + trace + " --plot " + (dir / "p_").string());
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("4 ranks, 64 actions"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bubble 0.2727"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "p_timeline.svg"));
+  r = run("inspect " + csv + " --plot " + (dir / "p_").string());
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "p_schedule.svg"));
+  // A deadlocked hand-written list, and a bad name.
+  {
+    std::ofstream bad(dir / "bad.csv");
+    bad << "0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n";
+  }
+  r = run("schedule " + (dir / "bad.csv").string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("deadlock: rank 0 action 2 '0B0'"), std::string::npos) << r.output;
+  r = run("schedule zb-v");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("not generated yet"), std::string::npos) << r.output;
+  r = run("schedule 1f1b --costs 1,x,1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("--costs needs a number > 0, got 'x'"), std::string::npos) << r.output;
 }

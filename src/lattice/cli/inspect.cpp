@@ -17,7 +17,10 @@
 #include "lattice/io/checkpoint.h"
 #include "lattice/io/config.h"
 #include "lattice/io/metrics.h"
+#include "lattice/cli/schedule_report.h"
+#include "lattice/io/file_util.h"
 #include "lattice/io/plot.h"
+#include "lattice/parallel/pipeline/timeline.h"
 #include "lattice/io/safetensors.h"
 
 namespace lattice::cli {
@@ -33,7 +36,12 @@ static const char* kInspectHelp =
     "  a directory     a checkpoint (run dir or step dir): meta.json, integrity, tensors\n"
     "  *.toml          a config, every key after defaults and --set overrides\n"
     "  *.jsonl         a metrics file: steps, first/last/best loss; --plot PREFIX draws\n"
-    "                  PREFIXloss.svg and PREFIXthroughput.svg\n";
+    "                  PREFIXloss.svg and PREFIXthroughput.svg\n"
+    "  *.csv           a pipeline schedule (PyTorch's compute-only format): validated and\n"
+    "                  simulated at unit costs (lattice schedule sets costs); --plot PREFIX\n"
+    "                  draws PREFIXschedule.svg\n"
+    "  *.json          a pipeline timeline (Chrome trace): ranks, actions, span, bubble;\n"
+    "                  --plot PREFIX draws PREFIXtimeline.svg (ranks down, time across)\n";
 
 static void inspect_shard(const std::string& path) {
   data::ShardInfo info = data::read_shard_header(path);
@@ -134,6 +142,27 @@ static void inspect_metrics(const std::string& path, const std::string& plot_pre
     for (const std::string& p : io::plot_metrics(path, plot_prefix)) std::printf("  wrote %s\n", p.c_str());
 }
 
+static void inspect_schedule(const std::string& path, const std::string& plot_prefix) {
+  const pipeline::Schedule s = pipeline::from_csv(io::read_whole_file(path, "schedule"), path);
+  const pipeline::Simulation sim = print_schedule_report(s, pipeline::Costs{});
+  if (plot_prefix.empty()) return;
+  write_timeline_svg(plot_prefix + "schedule.svg", sim.timeline, path + " (simulated, unit costs)", "time (cost units)");
+  std::printf("  wrote %sschedule.svg\n", plot_prefix.c_str());
+}
+
+static void inspect_trace(const std::string& path, const std::string& plot_prefix) {
+  const auto timeline = read_chrome_trace(path);
+  size_t actions = 0;
+  double lo = 1e300, hi = -1e300;
+  for (const auto& row : timeline)
+    for (const pipeline::Interval& iv : row) actions++, lo = std::min(lo, iv.start), hi = std::max(hi, iv.end);
+  std::printf("pipeline timeline %s: %zu ranks, %zu actions over %.6g s, bubble %.4f\n", path.c_str(), timeline.size(),
+              actions, hi - lo, pipeline::bubble_of(timeline));
+  if (plot_prefix.empty()) return;
+  write_timeline_svg(plot_prefix + "timeline.svg", timeline, path, "time (s)");
+  std::printf("  wrote %stimeline.svg\n", plot_prefix.c_str());
+}
+
 static bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -168,14 +197,19 @@ static int run_inspect(const std::vector<std::string>& args) {
     inspect_config(path, overrides);
   } else if (ends_with(path, ".jsonl")) {
     inspect_metrics(path, plot_prefix);
+  } else if (ends_with(path, ".csv")) {
+    inspect_schedule(path, plot_prefix);
+  } else if (ends_with(path, ".json")) {
+    inspect_trace(path, plot_prefix);
   } else {
     LATTICE_FAIL("lattice inspect: cannot tell what '" << path
-                                                      << "' is (expected .bin, .safetensors, .toml, .jsonl or a "
-                                                         "checkpoint directory)");
+                                                      << "' is (expected .bin, .safetensors, .toml, .jsonl, .csv, .json "
+                                                         "or a checkpoint directory)");
   }
   return 0;
 }
 
-LATTICE_REGISTER_COMMAND("inspect", "print what a shard, checkpoint, config or metrics file holds", run_inspect);
+LATTICE_REGISTER_COMMAND("inspect", "print what a shard, checkpoint, config, metrics, schedule or trace file holds",
+                         run_inspect);
 
 }  // namespace lattice::cli

@@ -187,6 +187,55 @@ std::string svg_plot(const std::string& title, const std::vector<PlotSeries>& se
   return o;
 }
 
+std::string svg_gantt(const std::string& title, const std::vector<std::string>& rows, const std::vector<GanttBox>& boxes,
+                      const std::string& x_label, const std::vector<std::pair<std::string, std::string>>& legend,
+                      const PlotOptions& options) {
+  const double W = options.width, row_h = 28, left = 70, right = 24, top = 44, bottom = 70;
+  const double ph = row_h * static_cast<double>(std::max<size_t>(rows.size(), 1)), H = top + ph + bottom;
+  const double pw = W - left - right;
+  double tmax = 0;
+  for (const GanttBox& b : boxes) tmax = std::max(tmax, b.end);
+  Axis ax = nice_axis(0, tmax > 0 ? tmax : 1, 10);
+  auto px = [&](double x) { return left + (x - ax.lo) / (ax.hi - ax.lo) * pw; };
+  std::string o;
+  o += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W) + "\" height=\"" + num(H) +
+       "\" viewBox=\"0 0 " + num(W) + " " + num(H) + "\" font-family=\"Helvetica, Arial, sans-serif\">\n";
+  o += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  o += "<text x=\"" + num(W / 2) + "\" y=\"26\" text-anchor=\"middle\" font-size=\"16\" font-weight=\"bold\">" +
+       xml_escape(title) + "</text>\n";
+  for (double x : ax.ticks()) {
+    o += "<line x1=\"" + num(px(x)) + "\" y1=\"" + num(top) + "\" x2=\"" + num(px(x)) + "\" y2=\"" + num(top + ph) +
+         "\" stroke=\"#e5e5e5\"/>\n";
+    o += "<text x=\"" + num(px(x)) + "\" y=\"" + num(top + ph + 18) + "\" text-anchor=\"middle\" font-size=\"11\">" +
+         tick_label(x, ax.step) + "</text>\n";
+  }
+  for (size_t r = 0; r < rows.size(); ++r)
+    o += "<text x=\"" + num(left - 8) + "\" y=\"" + num(top + (r + 0.5) * row_h + 4) +
+         "\" text-anchor=\"end\" font-size=\"12\">" + xml_escape(rows[r]) + "</text>\n";
+  for (const GanttBox& b : boxes) {
+    const double x0 = px(b.start), x1 = px(b.end), y = top + b.row * row_h + 3;
+    o += "<rect x=\"" + num(x0) + "\" y=\"" + num(y) + "\" width=\"" + num(std::max(0.5, x1 - x0)) + "\" height=\"" +
+         num(row_h - 6) + "\" fill=\"" + xml_escape(b.color) + "\" stroke=\"white\" stroke-width=\"0.5\"/>\n";
+    if (!b.label.empty() && x1 - x0 >= 7.0 * static_cast<double>(b.label.size()))
+      o += "<text x=\"" + num((x0 + x1) / 2) + "\" y=\"" + num(y + (row_h - 6) / 2 + 4) +
+           "\" text-anchor=\"middle\" font-size=\"10\" fill=\"white\">" + xml_escape(b.label) + "</text>\n";
+  }
+  o += "<rect x=\"" + num(left) + "\" y=\"" + num(top) + "\" width=\"" + num(pw) + "\" height=\"" + num(ph) +
+       "\" fill=\"none\" stroke=\"#333\"/>\n";
+  o += "<text x=\"" + num(left + pw / 2) + "\" y=\"" + num(top + ph + 38) + "\" text-anchor=\"middle\" font-size=\"12\">" +
+       xml_escape(x_label) + "</text>\n";
+  double lx = left;
+  for (const auto& [color, text] : legend) {
+    o += "<rect x=\"" + num(lx) + "\" y=\"" + num(top + ph + 50) + "\" width=\"14\" height=\"12\" fill=\"" +
+         xml_escape(color) + "\"/>\n";
+    o += "<text x=\"" + num(lx + 18) + "\" y=\"" + num(top + ph + 60) + "\" font-size=\"12\">" + xml_escape(text) +
+         "</text>\n";
+    lx += 30 + 7.0 * static_cast<double>(text.size());
+  }
+  o += "</svg>\n";
+  return o;
+}
+
 void write_svg_plot(const std::string& path, const std::string& title, const std::vector<PlotSeries>& series,
                     const std::string& x_label, const std::string& y_label, const PlotOptions& options) {
   write_file_atomic(path, svg_plot(title, series, x_label, y_label, options));

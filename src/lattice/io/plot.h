@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lattice::io {
@@ -27,6 +28,19 @@ std::string svg_plot(const std::string& title, const std::vector<PlotSeries>& se
 // Writes svg_plot(...) to path.
 void write_svg_plot(const std::string& path, const std::string& title, const std::vector<PlotSeries>& series,
                     const std::string& x_label, const std::string& y_label, const PlotOptions& options = {});
+
+// A Gantt chart: one row per name (top to bottom), boxes from start to end on
+// a shared time axis, each filled with its colour and labelled with its
+// text when it is wide enough; `legend` pairs a colour with what it means.
+struct GanttBox {
+  int row = 0;
+  double start = 0, end = 0;
+  std::string label;
+  std::string color;  // any SVG colour
+};
+std::string svg_gantt(const std::string& title, const std::vector<std::string>& rows, const std::vector<GanttBox>& boxes,
+                      const std::string& x_label, const std::vector<std::pair<std::string, std::string>>& legend,
+                      const PlotOptions& options = {});
 
 // From a metrics JSONL file: <out_prefix>loss.svg (loss, and val_loss when
 // present, against step) and <out_prefix>throughput.svg (tokens_per_sec against
