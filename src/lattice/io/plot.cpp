@@ -84,6 +84,14 @@ std::string tick_label(double v, double step) {
   return buf;
 }
 
+// The document's opening: size, white background, the title.
+std::string svg_header(double W, double H, const std::string& title) {
+  return "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W) + "\" height=\"" + num(H) + "\" viewBox=\"0 0 " +
+         num(W) + " " + num(H) + "\" font-family=\"Helvetica, Arial, sans-serif\">\n" +
+         "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n" + "<text x=\"" + num(W / 2) +
+         "\" y=\"26\" text-anchor=\"middle\" font-size=\"16\" font-weight=\"bold\">" + xml_escape(title) + "</text>\n";
+}
+
 }  // namespace
 
 std::string svg_plot(const std::string& title, const std::vector<PlotSeries>& series, const std::string& x_label,
@@ -110,12 +118,7 @@ std::string svg_plot(const std::string& title, const std::vector<PlotSeries>& se
   auto px = [&](double x) { return left + (x - ax.lo) / (ax.hi - ax.lo) * pw; };
   auto py = [&](double y) { return top + ph - (y - ay.lo) / (ay.hi - ay.lo) * ph; };
 
-  std::string o;
-  o += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W) + "\" height=\"" + num(H) +
-       "\" viewBox=\"0 0 " + num(W) + " " + num(H) + "\" font-family=\"Helvetica, Arial, sans-serif\">\n";
-  o += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  o += "<text x=\"" + num(W / 2) + "\" y=\"26\" text-anchor=\"middle\" font-size=\"16\" font-weight=\"bold\">" +
-       xml_escape(title) + "</text>\n";
+  std::string o = svg_header(W, H, title);
 
   // Grid and tick labels.
   o += "<g stroke=\"#e5e5e5\" stroke-width=\"1\">\n";
@@ -197,12 +200,7 @@ std::string svg_gantt(const std::string& title, const std::vector<std::string>& 
   for (const GanttBox& b : boxes) tmax = std::max(tmax, b.end);
   Axis ax = nice_axis(0, tmax > 0 ? tmax : 1, 10);
   auto px = [&](double x) { return left + (x - ax.lo) / (ax.hi - ax.lo) * pw; };
-  std::string o;
-  o += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W) + "\" height=\"" + num(H) +
-       "\" viewBox=\"0 0 " + num(W) + " " + num(H) + "\" font-family=\"Helvetica, Arial, sans-serif\">\n";
-  o += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  o += "<text x=\"" + num(W / 2) + "\" y=\"26\" text-anchor=\"middle\" font-size=\"16\" font-weight=\"bold\">" +
-       xml_escape(title) + "</text>\n";
+  std::string o = svg_header(W, H, title);
   for (double x : ax.ticks()) {
     o += "<line x1=\"" + num(px(x)) + "\" y1=\"" + num(top) + "\" x2=\"" + num(px(x)) + "\" y2=\"" + num(top + ph) +
          "\" stroke=\"#e5e5e5\"/>\n";

@@ -4,28 +4,13 @@
 #include <cstdio>
 #include <limits>
 
-namespace lattice::pipeline {
+#include "lattice/io/json.h"
 
-static std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
+namespace lattice::pipeline {
 
 std::string chrome_trace(const std::vector<std::vector<Interval>>& timeline, double seconds_per_unit,
                          const std::string& title) {
-  std::string o = "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"title\":" + json_string(title) + "},\"traceEvents\":[\n";
+  std::string o = "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"title\":" + io::json_quote(title) + "},\"traceEvents\":[\n";
   bool first = true;
   auto sep = [&] {
     if (!first) o += ",\n";
