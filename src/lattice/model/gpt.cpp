@@ -68,9 +68,16 @@ struct Slot {
   std::vector<float*> dx;  // dL/dx_0 .. dL/dx_L (split) or two ping-pong buffers (fused)
   std::vector<LayerGrads> dlayers;
   float *dlnf, *scratch4c, *scratch_c, *ln_scratch;
+  // Pipeline stages: the output's gradient given before the backward (not the
+  // last stage), and whether the input's gradient is ready (not the first).
+  std::vector<float> pending_output_grad;
+  bool has_output_grad = false, input_grad_ready = false;
   // State.
   bool has_forward = false, has_backward_input = false, split = false;
 };
+
+static Slot& existing_slot(std::vector<std::unique_ptr<Slot>>& slots, int index);
+static float* dx_of(Slot& s, int i);
 
 // Carves a buffer into consecutive float arrays.
 class Carver {
@@ -89,9 +96,10 @@ class Carver {
 
 // The sizes the carvers work with: this rank's (GPT::Dims), N rows in all
 // and R of them kept between the parallel regions (N/t under sequence parallelism).
+// L: the stage's layers; head: it runs the final LayerNorm, head and loss.
 struct CarveSizes {
   int64_t C, NH, A, F, V, L, N, R;
-  bool sp;
+  bool sp, head;
 };
 
 static int64_t carve_activations(Slot* s, float* base, const CarveSizes& z) {
@@ -118,11 +126,12 @@ static int64_t carve_activations(Slot* s, float* base, const CarveSizes& z) {
     a.fch_gelu = cv.take(N * F);
     if (s) s->layers[l] = a;
   }
-  float* lnf = cv.take(N * C);  // whole: the head reads every row (gathered under SP)
-  float* lnf_mean = cv.take(R);
-  float* lnf_rstd = cv.take(R);
-  float* logits = cv.take(N * z.V);
-  float* losses = cv.take(N);
+  const int64_t head = z.head ? 1 : 0;
+  float* lnf = cv.take(head * N * C);  // whole: the head reads every row (gathered under SP)
+  float* lnf_mean = cv.take(head * R);
+  float* lnf_rstd = cv.take(head * R);
+  float* logits = cv.take(head * N * z.V);
+  float* losses = cv.take(head * N);
   float* work = z.sp ? cv.take(N * C) : nullptr;
   if (s) {
     s->lnf = lnf, s->lnf_mean = lnf_mean, s->lnf_rstd = lnf_rstd, s->logits = logits, s->losses = losses;
@@ -146,7 +155,7 @@ static int64_t carve_grads(Slot* s, float* base, const CarveSizes& z, bool split
     g.dqkv = cv.take(N * 3 * z.A);
     g.dln1 = cv.take(N * C);
   }
-  float* dlnf = cv.take(N * C);
+  float* dlnf = cv.take((z.head ? 1 : 0) * N * C);
   float* s4 = cv.take(N * z.F);
   float* sc = cv.take(N * z.A);
   float* ln = z.sp ? cv.take(2 * C) : nullptr;
@@ -194,13 +203,14 @@ class LocalEmbedding final : public TiedEmbedding {
   const ModelConfig& c_;
 };
 
-GPT::GPT(const ModelConfig& config, uint64_t seed, tensor::TensorParallel* tp)
-    : GPT(Build{}, config, &seed, true, tp) {}
+GPT::GPT(const ModelConfig& config, uint64_t seed, tensor::TensorParallel* tp, StageLayers stage)
+    : GPT(Build{}, config, &seed, true, tp, stage) {}
 
-GPT::GPT(const ModelConfig& config, NoInit, tensor::TensorParallel* tp) : GPT(Build{}, config, nullptr, true, tp) {}
+GPT::GPT(const ModelConfig& config, NoInit, tensor::TensorParallel* tp, StageLayers stage)
+    : GPT(Build{}, config, nullptr, true, tp, stage) {}
 
-GPT::GPT(const ModelConfig& config, Unallocated, tensor::TensorParallel* tp)
-    : GPT(Build{}, config, nullptr, false, tp) {}
+GPT::GPT(const ModelConfig& config, Unallocated, tensor::TensorParallel* tp, StageLayers stage)
+    : GPT(Build{}, config, nullptr, false, tp, stage) {}
 
 int GPT::tp_size() const { return tp_ ? tp_->size() : 1; }
 int GPT::tp_rank() const { return tp_ ? tp_->rank() : 0; }
@@ -215,9 +225,15 @@ static void check_tp(const ModelConfig& c, int t) {
                                                           << ": the MLP's hidden layer is split by columns");
 }
 
-GPT::GPT(Build, const ModelConfig& config, const uint64_t* seed, bool allocate, tensor::TensorParallel* tp)
+GPT::GPT(Build, const ModelConfig& config, const uint64_t* seed, bool allocate, tensor::TensorParallel* tp,
+         StageLayers stage)
     : config_(config), tp_(tp && tp->size() > 1 ? tp : nullptr) {
   config_.validate();
+  first_layer_ = stage.first_layer;
+  last_layer_ = stage.last_layer < 0 ? config_.n_layer : stage.last_layer;
+  LATTICE_CHECK(0 <= first_layer_ && first_layer_ < last_layer_ && last_layer_ <= config_.n_layer,
+                "a pipeline stage runs layers [first, last) with 0 <= first < last <= model.n_layer="
+                    << config_.n_layer << ", got [" << first_layer_ << ", " << last_layer_ << ")");
   const int t = tp_size(), r = tp_rank();
   check_tp(config_, t);
   const int64_t C = config_.n_embd, L = config_.n_layer;
@@ -270,14 +286,16 @@ GPT::GPT(Build, const ModelConfig& config, const uint64_t* seed, bool allocate, 
     p.shard = spec;
     return p;
   };
-  ParamGroup embed("embedding");
-  ParamInfo wte = weight("wte.weight", {Vp, C}, std_w);
-  wte.real_rows = config_.vocab_size;
-  embed.add(sliced(wte, cut(0)));  // vocabulary-parallel
-  embed.add(weight("wpe.weight", {config_.seq_len, C}, std_w));
-  groups_.push_back(std::move(embed));
+  if (has_embedding()) {
+    ParamGroup embed("embedding");
+    ParamInfo wte = weight("wte.weight", {Vp, C}, std_w);
+    wte.real_rows = config_.vocab_size;
+    embed.add(sliced(wte, cut(0)));  // vocabulary-parallel
+    embed.add(weight("wpe.weight", {config_.seq_len, C}, std_w));
+    groups_.push_back(std::move(embed));
+  }
 
-  for (int64_t l = 0; l < L; l++) {
+  for (int64_t l = first_layer_; l < last_layer_; l++) {
     const std::string h = "h." + std::to_string(l) + ".";
     ParamGroup g(h.substr(0, h.size() - 1));
     g.add(constant(h + "ln_1.weight", C, 1.0f));
@@ -295,12 +313,14 @@ GPT::GPT(Build, const ModelConfig& config, const uint64_t* seed, bool allocate, 
     groups_.push_back(std::move(g));
   }
 
-  ParamGroup fin("ln_f");
-  fin.add(constant("ln_f.weight", C, 1.0f));
-  fin.add(constant("ln_f.bias", C, 0.0f));
-  groups_.push_back(std::move(fin));
+  if (last_stage()) {
+    ParamGroup fin("ln_f");
+    fin.add(constant("ln_f.weight", C, 1.0f));
+    fin.add(constant("ln_f.bias", C, 0.0f));
+    groups_.push_back(std::move(fin));
+  }
 
-  own_embedding_ = std::make_unique<LocalEmbedding>(groups_.front(), config_);
+  if (has_embedding()) own_embedding_ = std::make_unique<LocalEmbedding>(groups_.front(), config_);
   if (!allocate) return;
   for (ParamGroup& g : groups_) {
     g.allocate();
@@ -317,20 +337,20 @@ std::pair<ParamGroup*, size_t> GPT::find_param(const std::string& name) {
   return {nullptr, 0};
 }
 
-static CarveSizes carve_sizes(const GPT::Dims& d, const ModelConfig& c, int64_t N, int64_t R, bool sp) {
-  return {d.C, d.NH, d.A, d.F, d.V, c.n_layer, N, R, sp};
+static CarveSizes carve_sizes(const GPT::Dims& d, int layers, bool head, int64_t N, int64_t R, bool sp) {
+  return {d.C, d.NH, d.A, d.F, d.V, layers, N, R, sp, head};
 }
 
 size_t GPT::slot_bytes(int B, int T) const {
   const int64_t N = static_cast<int64_t>(B) * T;
-  const CarveSizes z = carve_sizes(dims_, config_, N, rows(N), tp_ && tp_->sequence_parallel());
+  const CarveSizes z = carve_sizes(dims_, local_layers(), last_stage(), N, rows(N), tp_ && tp_->sequence_parallel());
   return static_cast<size_t>(carve_activations(nullptr, nullptr, z) + carve_grads(nullptr, nullptr, z, false)) *
          sizeof(float);
 }
 
 size_t GPT::stored_activation_bytes(int B, int T) const {
   const int64_t N = static_cast<int64_t>(B) * T;
-  const CarveSizes z = carve_sizes(dims_, config_, N, rows(N), tp_ && tp_->sequence_parallel());
+  const CarveSizes z = carve_sizes(dims_, local_layers(), last_stage(), N, rows(N), tp_ && tp_->sequence_parallel());
   return static_cast<size_t>(carve_activations(nullptr, nullptr, z)) * sizeof(float) +
          2 * static_cast<size_t>(N) * sizeof(int32_t);
 }
@@ -353,7 +373,7 @@ Slot& GPT::slot(int index, int B, int T) {
   const bool sp = tp_ && tp_->sequence_parallel();
   if (N > s.capacity_tokens) {
     // First use (or a larger batch): allocate once, reused by every later step.
-    const CarveSizes z = carve_sizes(dims_, config_, N, rows(N), sp);
+    const CarveSizes z = carve_sizes(dims_, local_layers(), last_stage(), N, rows(N), sp);
     s.act_mem = Buffer(carve_activations(nullptr, nullptr, z) * sizeof(float), MemCategory::Activations);
     s.token_mem = Buffer(2 * N * sizeof(int32_t), MemCategory::Activations);
     s.grad_mem.reset();
@@ -361,7 +381,7 @@ Slot& GPT::slot(int index, int B, int T) {
   }
   s.B = B;
   s.T = T;
-  carve_activations(&s, s.act_mem.as<float>(), carve_sizes(dims_, config_, N, rows(N), sp));
+  carve_activations(&s, s.act_mem.as<float>(), carve_sizes(dims_, local_layers(), last_stage(), N, rows(N), sp));
   s.inputs = s.token_mem.as<int32_t>();
   s.rows = s.inputs + N;
   return s;
@@ -420,30 +440,39 @@ void GPT::grads_out(size_t g) {
   if (hooks_) hooks_->grads_done(g);
 }
 
-void GPT::forward_body(Slot& s, const int32_t* inputs) {
-  const int B = s.B, T = s.T, C = config_.n_embd, L = config_.n_layer;
+void GPT::forward_body(Slot& s, const int32_t* inputs, const float* input) {
+  const int B = s.B, T = s.T, C = config_.n_embd, L = local_layers();
   const int64_t N = static_cast<int64_t>(B) * T, R = rows(N);
   const bool sp = tp_ && tp_->sequence_parallel();
-  check_ids("token", inputs, N, config_.vocab_size);
-  std::memcpy(s.inputs, inputs, N * sizeof(int32_t));
-  // Token ids as rows of this rank's slice of wte (-1: held by another rank).
-  const tensor::VocabRange range{vocab_first_, dims_.V, vocab_real_};
-  tensor::local_tokens(s.rows, inputs, N, range);
-  // The embedding's parameters stay in until the caller's head is done with wte.
-  params_in(embedding_index(), Pass::Forward);
-  // x₀ = wte[tokens] + wpe[0..T). Vocabulary-parallel: each rank looks up the
-  // tokens it holds (zero rows for the rest), rank 0 adds wpe, and the sum
-  // over the group (reduce-scattered into this rank's rows under SP) is the lookup.
-  float* x0 = sp ? s.work : s.x[0];
-  tied().lookup(x0, s.rows, B, T, 0, tp_rank() == 0);
-  if (tp_) tp_->reduce(x0, s.x[0], N, C, "embedding");
-  for (int l = 0; l < L; l++) {
-    const LayerActs& a = s.layers[l];
+  if (first_stage()) {
+    LATTICE_CHECK(inputs, "the first pipeline stage's forward needs the token ids");
+    check_ids("token", inputs, N, config_.vocab_size);
+    std::memcpy(s.inputs, inputs, N * sizeof(int32_t));
+    // Token ids as rows of this rank's slice of wte (-1: held by another rank).
+    const tensor::VocabRange range{vocab_first_, dims_.V, vocab_real_};
+    tensor::local_tokens(s.rows, inputs, N, range);
+    // The embedding's parameters stay in until the caller's head is done with wte.
+    params_in(embedding_index(), Pass::Forward);
+    // x₀ = wte[tokens] + wpe[0..T). Vocabulary-parallel: each rank looks up the
+    // tokens it holds (zero rows for the rest), rank 0 adds wpe, and the sum
+    // over the group (reduce-scattered into this rank's rows under SP) is the lookup.
+    float* x0 = sp ? s.work : s.x[0];
+    tied().lookup(x0, s.rows, B, T, 0, tp_rank() == 0);
+    if (tp_) tp_->reduce(x0, s.x[0], N, C, "embedding");
+    if (!last_stage()) params_out(embedding_index(), Pass::Forward);
+  } else {
+    LATTICE_CHECK(input, "pipeline stage [" << first_layer_ << ", " << last_layer_ << ") needs its input activation");
+    std::memcpy(s.x[0], input, R * C * sizeof(float));
+  }
+  for (int i = 0; i < L; i++) {
+    const LayerActs& a = s.layers[i];
+    const int l = first_layer_ + i;
     params_in(block_index(l), Pass::Forward);
-    block_forward(tp_, dims_, block_group(l), a, s.x[l], s.x[l + 1], N, s.work,
+    block_forward(tp_, dims_, block_group(l), a, s.x[i], s.x[i + 1], N, s.work,
                   [&] { k::attention_forward(a.atty, a.lse, a.qkv, B, T, dims_.A, dims_.NH); });
     params_out(block_index(l), Pass::Forward);
   }
+  if (!last_stage()) return;
   params_in(final_index(), Pass::Forward);
   ParamGroup& f = final_group();
   // LN_f into this rank's rows of lnf, then (SP) gathered in place: the head
@@ -452,6 +481,7 @@ void GPT::forward_body(Slot& s, const int32_t* inputs) {
   k::layernorm_forward(lnf_rows, s.lnf_mean, s.lnf_rstd, s.x[L], f.param(kLnfW), f.param(kLnfB), R, C);
   if (tp_) tp_->gather(lnf_rows, s.lnf, N, C, "final LayerNorm output");
   params_out(final_index(), Pass::Forward);
+  if (!first_stage()) params_in(embedding_index(), Pass::Forward);  // the tied head's wte
 }
 
 void GPT::loss(Slot& s, const int32_t* targets, bool backward, float dloss) {
@@ -469,6 +499,8 @@ void GPT::loss(Slot& s, const int32_t* targets, bool backward, float dloss) {
 }
 
 void GPT::check_one_process(const char* what) const {
+  LATTICE_CHECK(whole_model(), what << " runs the whole model, not pipeline stage [" << first_layer_ << ", "
+                                    << last_layer_ << "); `lattice generate` loads a checkpoint of any layout whole");
   LATTICE_CHECK(!tp_, what << " runs on one process (tensor parallelism splits the vocabulary and the heads "
                               "over parallel.tp=" << tp_size() << " ranks); `lattice generate` loads a "
                               "checkpoint of any layout whole");
@@ -482,20 +514,58 @@ static float mean_of(const float* x, int64_t n) {
 
 float GPT::forward(int slot_index, const int32_t* inputs, const int32_t* targets, int B, int T,
                    float loss_grad_scale) {
+  LATTICE_CHECK(whole_model(), "forward() runs the whole model; pipeline stage [" << first_layer_ << ", "
+                                                                                  << last_layer_
+                                                                                  << ") runs forward_stage()");
+  return forward_stage(slot_index, inputs, nullptr, targets, B, T, loss_grad_scale);
+}
+
+float GPT::forward_stage(int slot_index, const int32_t* inputs, const float* input, const int32_t* targets, int B,
+                         int T, float loss_grad_scale) {
   LATTICE_CHECK(slot_index >= 0, "slot index must be >= 0, got " << slot_index);
   Slot& s = slot(slot_index, B, T);
   LATTICE_CHECK(!s.has_forward, "forward on micro-batch slot " << slot_index << " whose backward has not run");
   const int64_t N = static_cast<int64_t>(B) * T;
   const int C = config_.n_embd, V = config_.vocab_size;
-  check_ids("target", targets, N, V);
-  forward_body(s, inputs);
+  if (last_stage()) {
+    LATTICE_CHECK(targets, "the last pipeline stage's forward needs the targets");
+    check_ids("target", targets, N, V);
+  }
+  forward_body(s, inputs, input);
+  s.has_forward = true;
+  s.has_output_grad = false;
+  s.input_grad_ready = false;
+  if (!last_stage()) return 0.0f;
   // logits = LN_f(x_L) · wteᵀ, then loss and dlogits in one pass:
   // dlogits = (loss_grad_scale / N) · (softmax - onehot).
   tied().head_forward(s.logits, s.lnf, N, C);
   params_out(embedding_index(), Pass::Forward);
   loss(s, targets, true, loss_grad_scale / static_cast<float>(N));
-  s.has_forward = true;
   return mean_of(s.losses, N);
+}
+
+const float* GPT::stage_output(int slot_index) {
+  LATTICE_CHECK(!last_stage(), "the last pipeline stage has no output activation (it ends in the loss)");
+  Slot& s = existing_slot(slots_, slot_index);
+  LATTICE_CHECK(s.has_forward, "stage_output of micro-batch slot " << slot_index << " before its forward");
+  return s.x[local_layers()];
+}
+
+void GPT::set_stage_output_grad(int slot_index, const float* grad) {
+  LATTICE_CHECK(!last_stage(), "the last pipeline stage takes no output gradient (its backward starts at the loss)");
+  Slot& s = existing_slot(slots_, slot_index);
+  LATTICE_CHECK(s.has_forward && !s.has_backward_input,
+                "set_stage_output_grad on micro-batch slot " << slot_index << " without a pending forward");
+  s.pending_output_grad.assign(grad, grad + rows(static_cast<int64_t>(s.B) * s.T) * config_.n_embd);
+  s.has_output_grad = true;
+}
+
+const float* GPT::stage_input_grad(int slot_index) {
+  LATTICE_CHECK(!first_stage(), "the first pipeline stage has no input gradient (its input is token ids)");
+  Slot& s = existing_slot(slots_, slot_index);
+  LATTICE_CHECK(s.input_grad_ready, "stage_input_grad of micro-batch slot " << slot_index
+                                                                            << " before its backward");
+  return dx_of(s, 0) + first_row(static_cast<int64_t>(s.B) * s.T) * config_.n_embd;
 }
 
 Slot& GPT::inference_slot(int B, int T) {
@@ -506,11 +576,13 @@ Slot& GPT::inference_slot(int B, int T) {
 }
 
 float GPT::evaluate(const int32_t* inputs, const int32_t* targets, int B, int T) {
+  LATTICE_CHECK(whole_model(), "evaluate() runs the whole model, not pipeline stage [" << first_layer_ << ", "
+                                                                                     << last_layer_ << ")");
   Slot& s = inference_slot(B, T);
   const int64_t N = static_cast<int64_t>(B) * T;
   const int C = config_.n_embd;
   check_ids("target", targets, N, config_.vocab_size);
-  forward_body(s, inputs);
+  forward_body(s, inputs, nullptr);
   tied().head_forward(s.logits, s.lnf, N, C);
   params_out(embedding_index(), Pass::Forward);
   loss(s, targets, false, 0.0f);
@@ -520,7 +592,7 @@ float GPT::evaluate(const int32_t* inputs, const int32_t* targets, int B, int T)
 const float* GPT::last_logits(const int32_t* inputs, int B, int T) {
   check_one_process("last_logits (generation)");
   Slot& s = inference_slot(B, T);
-  forward_body(s, inputs);
+  forward_body(s, inputs, nullptr);
   const int C = config_.n_embd;
   // Only the last position of each row: lnf rows (b, T-1), stride T·C.
   tied().head_forward(s.logits, s.lnf + static_cast<int64_t>(T - 1) * C, B, static_cast<int64_t>(T) * C);
@@ -650,7 +722,7 @@ static LayerGrads& dlayer_of(Slot& s, int l) { return s.split ? s.dlayers[l] : s
 
 void GPT::head_backward_input(Slot& s) {
   const int64_t N = static_cast<int64_t>(s.B) * s.T, R = rows(N);
-  const int C = config_.n_embd, L = config_.n_layer;
+  const int C = config_.n_embd, L = local_layers();
   ParamGroup& f = final_group();
   // dlnf = dlogits · wte — under TP this rank's vocabulary columns' share,
   // summed over the group (the head is column-parallel: f's backward). With
@@ -665,7 +737,7 @@ void GPT::head_backward_input(Slot& s) {
 
 void GPT::head_backward_weight(Slot& s) {
   const int64_t N = static_cast<int64_t>(s.B) * s.T;
-  const int L = config_.n_layer;
+  const int L = local_layers();
   ParamGroup& f = final_group();
   // d wte (+)= dlogitsᵀ · LN_f(x_L)   (the tied head's share of the wte gradient)
   tied().head_backward_weight(s.logits, s.lnf, N);
@@ -721,7 +793,7 @@ void GPT::layernorm_weight_grads(ParamGroup& g, int w, int b, const float* dout,
 void GPT::layer_backward_input(Slot& s, int l) {
   const int B = s.B, T = s.T, C = config_.n_embd;
   const int64_t N = static_cast<int64_t>(B) * T, R = rows(N), first = first_row(N) * C;
-  ParamGroup& g = block_group(l);
+  ParamGroup& g = block_group(first_layer_ + l);  // l: this stage's layer index
   LayerActs& a = s.layers[l];
   LayerGrads& d = dlayer_of(s, l);
   float* dout = dx_of(s, l + 1);  // dL/dx_{l+1}: this rank's rows at `first` (SP), else whole
@@ -748,7 +820,7 @@ void GPT::layer_backward_weight(Slot& s, int l) {
   const int C = config_.n_embd;
   const int64_t N = static_cast<int64_t>(s.B) * s.T, R = rows(N);
   const bool sp = tp_ && tp_->sequence_parallel();
-  ParamGroup& g = block_group(l);
+  ParamGroup& g = block_group(first_layer_ + l);
   LayerActs& a = s.layers[l];
   LayerGrads& d = dlayer_of(s, l);
   const float* dout = dx_of(s, l + 1);  // whole (gathered by backward_input under SP)
@@ -776,7 +848,7 @@ void GPT::embedding_backward_weight(Slot& s) {
 // The carve sizes of slot s's micro-batch (or of its capacity).
 CarveSizes GPT::grad_sizes(const Slot& s, bool capacity) const {
   const int64_t N = capacity ? s.capacity_tokens : static_cast<int64_t>(s.B) * s.T;
-  return carve_sizes(dims_, config_, N, rows(N), tp_ && tp_->sequence_parallel());
+  return carve_sizes(dims_, local_layers(), last_stage(), N, rows(N), tp_ && tp_->sequence_parallel());
 }
 
 static Slot& existing_slot(std::vector<std::unique_ptr<Slot>>& slots, int index) {
@@ -791,12 +863,13 @@ void GPT::backward_input(int slot_index) {
                 "backward_input on micro-batch slot " << slot_index << " without a pending forward");
   prepare_grads(s, grad_sizes(s), grad_sizes(s, true), true);
   head_input_with_hooks(s);
-  for (int l = config_.n_layer - 1; l >= 0; l--) {
-    params_in(block_index(l), Pass::Backward);
+  for (int l = local_layers() - 1; l >= 0; l--) {
+    params_in(block_index(first_layer_ + l), Pass::Backward);
     layer_backward_input(s, l);
-    params_out(block_index(l), Pass::Backward);
+    params_out(block_index(first_layer_ + l), Pass::Backward);
   }
   s.has_backward_input = true;
+  s.input_grad_ready = !first_stage();
 }
 
 void GPT::backward_weight(int slot_index) {
@@ -805,13 +878,12 @@ void GPT::backward_weight(int slot_index) {
                                                                            << " before its backward_input");
   // Same order as backward(): head, blocks from last to first, embedding.
   head_weight_with_hooks(s);
-  for (int l = config_.n_layer - 1; l >= 0; l--) {
-    grads_in(block_index(l));
+  for (int l = local_layers() - 1; l >= 0; l--) {
+    grads_in(block_index(first_layer_ + l));
     layer_backward_weight(s, l);
-    grads_out(block_index(l));
+    grads_out(block_index(first_layer_ + l));
   }
-  embedding_backward_weight(s);
-  grads_out(embedding_index());
+  embedding_weight_with_hooks(s);
   s.has_forward = s.has_backward_input = false;
 }
 
@@ -822,22 +894,39 @@ void GPT::backward(int slot_index) {
   prepare_grads(s, grad_sizes(s), grad_sizes(s, true), false);
   head_input_with_hooks(s);
   head_weight_with_hooks(s);
-  for (int l = config_.n_layer - 1; l >= 0; l--) {
-    params_in(block_index(l), Pass::Backward);
+  for (int l = local_layers() - 1; l >= 0; l--) {
+    params_in(block_index(first_layer_ + l), Pass::Backward);
     layer_backward_input(s, l);
-    params_out(block_index(l), Pass::Backward);
-    grads_in(block_index(l));
+    params_out(block_index(first_layer_ + l), Pass::Backward);
+    grads_in(block_index(first_layer_ + l));
     layer_backward_weight(s, l);
-    grads_out(block_index(l));
+    grads_out(block_index(first_layer_ + l));
   }
+  embedding_weight_with_hooks(s);
+  s.has_forward = false;
+  s.input_grad_ready = !first_stage();
+}
+
+// The embedding's gradient is complete after the lookup's scatter-add (first
+// stage) — on a last stage that is not the first, after the head's share.
+void GPT::embedding_weight_with_hooks(Slot& s) {
+  if (!first_stage()) return;
   embedding_backward_weight(s);
   grads_out(embedding_index());
-  s.has_forward = false;
 }
 
 // The head's backward reads wte and ln_f's weights, then writes their
 // gradients (the embedding's are completed at the very end, by its scatter-add).
 void GPT::head_input_with_hooks(Slot& s) {
+  if (!last_stage()) {
+    // The next stage's gradient of this stage's output starts the backward.
+    LATTICE_CHECK(s.has_output_grad, "backward of pipeline stage [" << first_layer_ << ", " << last_layer_
+                                                                    << ") before set_stage_output_grad");
+    const int64_t N = static_cast<int64_t>(s.B) * s.T;
+    std::memcpy(dx_of(s, local_layers()) + first_row(N) * config_.n_embd, s.pending_output_grad.data(),
+                s.pending_output_grad.size() * sizeof(float));
+    return;
+  }
   params_in(embedding_index(), Pass::Backward);
   params_in(final_index(), Pass::Backward);
   head_backward_input(s);
@@ -846,10 +935,12 @@ void GPT::head_input_with_hooks(Slot& s) {
 }
 
 void GPT::head_weight_with_hooks(Slot& s) {
+  if (!last_stage()) return;
   grads_in(embedding_index());
   grads_in(final_index());
   head_backward_weight(s);
   grads_out(final_index());
+  if (!first_stage()) grads_out(embedding_index());  // no lookup here: the head's share is all of it
 }
 
 void GPT::zero_grad() {

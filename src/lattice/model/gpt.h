@@ -17,6 +17,14 @@
 // reductions. backward(slot) does both layer by layer — the same arithmetic in
 // the same order, with one layer's gradient buffers instead of all of them.
 //
+// Pipeline parallelism: a GPT built with StageLayers holds and runs only
+// layers [first, last) — the first stage also the embedding, the last the
+// final LayerNorm, the tied LM head and the loss; both of those hold the
+// embedding group (the tied wte: the lookup's and the head's shares of its
+// gradient are summed between them, Megatron's embedding group). A stage
+// takes its input activation (not the first) and gives its output (not the
+// last); in backward it takes the output's gradient and gives the input's.
+//
 // Tensor parallelism (parallel/tensor/tensor_parallel.h): given a TP group,
 // the model declares only its slice of each parameter (ShardSpecs: c_attn by
 // heads of Q, K and V, c_fc by output rows, both c_proj by input columns, wte
@@ -102,28 +110,40 @@ class GroupHooks {
   virtual void grads_done(size_t g) { (void)g; }
 };
 
+// Layers [first_layer, last_layer) of the model (last_layer -1: all).
+struct StageLayers {
+  int first_layer = 0;
+  int last_layer = -1;
+};
+
 class GPT {
  public:
   // Declares, allocates and initialises every parameter from (seed, name, index).
   // `tp`: the tensor-parallel group this rank belongs to (not owned), or null
   // for the whole model on one rank. Every constructor takes it.
-  GPT(const ModelConfig& config, uint64_t seed, tensor::TensorParallel* tp = nullptr);
+  GPT(const ModelConfig& config, uint64_t seed, tensor::TensorParallel* tp = nullptr, StageLayers stage = {});
   // For a caller that loads every parameter from a file next: allocates the
   // parameters (zero) without drawing initial values, which takes seconds at
   // GPT-2 124M for nothing.
   struct NoInit {};
-  GPT(const ModelConfig& config, NoInit, tensor::TensorParallel* tp = nullptr);
+  GPT(const ModelConfig& config, NoInit, tensor::TensorParallel* tp = nullptr, StageLayers stage = {});
   // Declares every parameter without allocating anything: for data
   // parallelism, which allocates what each rank keeps (ZeRO) and initialises
   // it with ParamGroup::initial_values.
   struct Unallocated {};
-  GPT(const ModelConfig& config, Unallocated, tensor::TensorParallel* tp = nullptr);
+  GPT(const ModelConfig& config, Unallocated, tensor::TensorParallel* tp = nullptr, StageLayers stage = {});
   ~GPT();
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
 
   const ModelConfig& config() const { return config_; }
   tensor::TensorParallel* tensor_parallel() const { return tp_; }
+  // The pipeline stage this model runs (the whole model: layers 0..n_layer).
+  int first_layer() const { return first_layer_; }
+  int last_layer() const { return last_layer_; }
+  bool first_stage() const { return first_layer_ == 0; }
+  bool last_stage() const { return last_layer_ == config_.n_layer; }
+  bool whole_model() const { return first_stage() && last_stage(); }
   // Ranks of the TP group (1 without one) and this rank's place in it.
   int tp_size() const;
   int tp_rank() const;
@@ -131,11 +151,13 @@ class GPT {
   // and here (its slice: the width of the logits forward() computes).
   int wte_rows() const { return vocab_full_; }
   int local_vocab() const { return dims_.V; }
-  // Groups in order: "embedding" (wte, wpe), "h.0" ... "h.{L-1}", "ln_f".
+  // Groups in order: "embedding" (wte, wpe; first and last stage), the
+  // stage's blocks "h.{first}" ... "h.{last-1}", "ln_f" (last stage).
   std::vector<ParamGroup>& groups() { return groups_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
+  bool has_embedding() const { return first_stage() || last_stage(); }
   ParamGroup& embedding_group() { return groups_.front(); }
-  ParamGroup& block_group(int layer) { return groups_[1 + layer]; }
+  ParamGroup& block_group(int layer) { return groups_[block_index(layer)]; }  // a layer of this stage
   ParamGroup& final_group() { return groups_.back(); }
   // Finds a parameter by HF name: its group and index, or {nullptr, 0}.
   std::pair<ParamGroup*, size_t> find_param(const std::string& name);
@@ -145,7 +167,22 @@ class GPT {
   // the same pass over the logits writes the gradient of
   //   loss_grad_scale · mean_loss
   // with respect to the logits, ready for backward. Returns the mean loss.
+  // The whole model only; a pipeline stage runs forward_stage.
   float forward(int slot, const int32_t* inputs, const int32_t* targets, int B, int T, float loss_grad_scale);
+  // One stage's forward: `inputs` (token ids) on the first stage, else
+  // `input` (the previous stage's output activation, rows(B·T) × C floats:
+  // this rank's rows under sequence parallelism); `targets` on the last
+  // stage, which returns the mean loss (others return 0).
+  float forward_stage(int slot, const int32_t* inputs, const float* input, const int32_t* targets, int B, int T,
+                      float loss_grad_scale);
+  // Not the last stage: the output activation of slot's forward (rows × C),
+  // valid until the slot's backward; before the slot's backward, the
+  // gradient of the loss with respect to it (copied).
+  const float* stage_output(int slot);
+  void set_stage_output_grad(int slot, const float* grad);
+  // Not the first stage: after backward / backward_input, the gradient with
+  // respect to the stage's input (rows × C), valid until the slot's next forward.
+  const float* stage_input_grad(int slot);
   // dX through every layer (and dX of the embedding); records the dW work.
   void backward_input(int slot);
   // The recorded dW work: accumulates (+=) into the groups' gradients and
@@ -183,7 +220,9 @@ class GPT {
   void set_tied_embedding(TiedEmbedding* embedding) { custom_embedding_ = embedding; }
   GroupHooks* hooks() const { return hooks_; }
   size_t embedding_index() const { return 0; }
-  size_t block_index(int layer) const { return 1 + static_cast<size_t>(layer); }
+  size_t block_index(int layer) const {
+    return (has_embedding() ? 1 : 0) + static_cast<size_t>(layer - first_layer_);
+  }
   size_t final_index() const { return groups_.size() - 1; }
 
   // Marks every gradient stale (no memset): the next backward overwrites each
@@ -209,8 +248,9 @@ class GPT {
 
  private:
   struct Build {};
-  GPT(Build, const ModelConfig& config, const uint64_t* seed, bool allocate,
-      tensor::TensorParallel* tp);  // seed null: no init
+  GPT(Build, const ModelConfig& config, const uint64_t* seed, bool allocate, tensor::TensorParallel* tp,
+      StageLayers stage);  // seed null: no init
+  int local_layers() const { return last_layer_ - first_layer_; }
   // Under TP: rows kept between the parallel regions, and the first of them.
   int64_t rows(int64_t N) const;
   int64_t first_row(int64_t N) const;
@@ -226,13 +266,14 @@ class GPT {
   // Slot 0 when no micro-batch is in flight there, else a separate one.
   Slot& inference_slot(int B, int T);
   // The forward through the blocks and the final LayerNorm into s.
-  void forward_body(Slot& s, const int32_t* inputs);
+  void forward_body(Slot& s, const int32_t* inputs, const float* input);
   void layer_backward_input(Slot& s, int l);
   void layer_backward_weight(Slot& s, int l);
   void head_backward_input(Slot& s);
   void head_backward_weight(Slot& s);
   void head_input_with_hooks(Slot& s);
   void head_weight_with_hooks(Slot& s);
+  void embedding_weight_with_hooks(Slot& s);
   // The GroupHooks calls (no-ops without hooks).
   void params_in(size_t g, GroupHooks::Pass pass);
   void params_out(size_t g, GroupHooks::Pass pass);
@@ -245,6 +286,7 @@ class GPT {
 
   ModelConfig config_;
   tensor::TensorParallel* tp_ = nullptr;
+  int first_layer_ = 0, last_layer_ = 0;
   Dims dims_;
   int vocab_full_ = 0;
   int64_t vocab_first_ = 0;  // first vocabulary id of this rank's wte rows

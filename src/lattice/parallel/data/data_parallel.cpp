@@ -97,6 +97,12 @@ DataParallel::DataParallel(model::GPT& model, comm::Communicator& dp, const Data
       opt_layout_(options.zero_stage == 0 ? ShardLayout(model.groups(), 1, 0, options.bucket_bytes) : layout_) {
   LATTICE_CHECK(options.zero_stage >= 0 && options.zero_stage <= 3,
                 "parallel.zero_stage=" << options.zero_stage << " is not a ZeRO stage (0, 1, 2 or 3)");
+  // Group 0 is the embedding, handled piece by piece (sharded_embedding.h);
+  // a pipeline stage without it (or sharing it with another stage) comes
+  // with the pipeline executor.
+  LATTICE_CHECK(model.whole_model(), "data parallelism over pipeline stage [" << model.first_layer() << ", "
+                                                                               << model.last_layer()
+                                                                               << ") is not implemented yet");
   const int stage = options.zero_stage;
   const size_t G = groups_.size();
   // Whole buckets (and, at stage 0, whole optimizer chunks) in every group.

@@ -1,0 +1,170 @@
+// The model as pipeline stages: a GPT built for layers [first, last) runs
+// exactly its share of the whole model's arithmetic. Chained (output
+// activation forward, input gradient backward) the stages give the whole
+// model's loss and every gradient bitwise — the tied wte's as the sum of the
+// first stage's lookup share and the last stage's head share.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lattice/core/error.h"
+#include "lattice/model/gpt.h"
+
+using namespace lattice;
+using namespace lattice::model;
+
+namespace {
+
+ModelConfig tiny() {
+  ModelConfig c;
+  c.n_layer = 4;
+  c.n_head = 4;
+  c.n_embd = 32;
+  c.vocab_size = 101;
+  c.seq_len = 16;
+  return c;
+}
+
+constexpr int B = 2, T = 16;
+
+std::vector<int32_t> ids(int seed) {
+  std::vector<int32_t> v(B * T);
+  for (int i = 0; i < B * T; i++) v[i] = (i * 37 + seed * 11 + 1) % 101;
+  return v;
+}
+
+const ParamGroup* group_named(const GPT& g, const std::string& name) {
+  for (const ParamGroup& p : g.groups())
+    if (p.name() == name) return &p;
+  return nullptr;
+}
+
+// Runs `micro` micro-batches through the stages (cuts: layer boundaries),
+// split (backward_input, then backward_weight) or fused; returns the losses.
+std::vector<float> run_stages(std::vector<std::unique_ptr<GPT>>& stages, int micro, bool split) {
+  for (auto& s : stages) s->zero_grad();
+  std::vector<float> losses;
+  for (int m = 0; m < micro; m++) {
+    const std::vector<int32_t> in = ids(m), tg = ids(m + 50);
+    float loss = 0;
+    for (size_t i = 0; i < stages.size(); i++) {
+      const bool last = i + 1 == stages.size();
+      loss = stages[i]->forward_stage(0, i == 0 ? in.data() : nullptr, i == 0 ? nullptr : stages[i - 1]->stage_output(0),
+                                      last ? tg.data() : nullptr, B, T, 1.0f / static_cast<float>(micro));
+    }
+    losses.push_back(loss);
+    for (size_t i = stages.size(); i-- > 0;) {
+      if (i + 1 < stages.size()) stages[i]->set_stage_output_grad(0, stages[i + 1]->stage_input_grad(0));
+      if (split) {
+        stages[i]->backward_input(0);
+        stages[i]->backward_weight(0);
+      } else {
+        stages[i]->backward(0);
+      }
+    }
+  }
+  return losses;
+}
+
+std::vector<float> run_whole(GPT& whole, int micro) {
+  whole.zero_grad();
+  std::vector<float> losses;
+  for (int m = 0; m < micro; m++) {
+    const std::vector<int32_t> in = ids(m), tg = ids(m + 50);
+    losses.push_back(whole.forward(0, in.data(), tg.data(), B, T, 1.0f / static_cast<float>(micro)));
+    whole.backward(0);
+  }
+  return losses;
+}
+
+TEST(PipelineStages, ChainedStagesAreTheWholeModel) {
+  const ModelConfig c = tiny();
+  GPT whole(c, 7);
+  for (const std::vector<int>& cuts : {std::vector<int>{0, 2, 4}, std::vector<int>{0, 1, 3, 4}})
+    for (bool split : {false, true})
+      for (int micro : {1, 2}) {
+        std::string what = "cuts";
+        for (int x : cuts) what += " " + std::to_string(x);
+        what += split ? " split" : " fused";
+        what += " micro-batches " + std::to_string(micro);
+        std::vector<std::unique_ptr<GPT>> stages;
+        for (size_t i = 0; i + 1 < cuts.size(); i++)
+          stages.push_back(std::make_unique<GPT>(c, 7, nullptr, StageLayers{cuts[i], cuts[i + 1]}));
+        // The same initial values, group by group.
+        for (auto& s : stages)
+          for (const ParamGroup& g : s->groups()) {
+            const ParamGroup* w = group_named(whole, g.name());
+            ASSERT_TRUE(w) << g.name();
+            ASSERT_EQ(g.numel(), w->numel());
+            EXPECT_EQ(std::memcmp(g.data(), w->data(), sizeof(float) * g.numel()), 0) << what << " " << g.name();
+          }
+        EXPECT_TRUE(stages.front()->has_embedding() && stages.back()->has_embedding());
+        if (stages.size() == 3) {
+          EXPECT_FALSE(stages[1]->has_embedding());
+        }
+        const std::vector<float> got = run_stages(stages, micro, split), want = run_whole(whole, micro);
+        EXPECT_EQ(got, want) << what;
+        for (auto& s : stages)
+          for (const ParamGroup& g : s->groups()) {
+            if (g.name() == "embedding") continue;
+            const ParamGroup* w = group_named(whole, g.name());
+            EXPECT_EQ(std::memcmp(g.grad(), w->grad(), sizeof(float) * g.numel()), 0) << what << " " << g.name();
+          }
+        // wte: the lookup's share (first stage) + the head's (last stage);
+        // with one micro-batch the same single addition as the whole model.
+        ParamGroup& first = stages.front()->embedding_group();
+        ParamGroup& last = stages.back()->embedding_group();
+        ParamGroup& w = whole.embedding_group();
+        const int64_t n_wte = w.params()[0].numel(), n_wpe = w.params()[1].numel();
+        double worst = 0;
+        bool bitwise = true;
+        for (int64_t i = 0; i < n_wte; i++) {
+          const float sum = first.param_grad(0)[i] + last.param_grad(0)[i];
+          bitwise = bitwise && sum == w.param_grad(0)[i];
+          worst = std::max(worst, std::fabs(static_cast<double>(sum) - w.param_grad(0)[i]));
+        }
+        if (micro == 1) {
+          EXPECT_TRUE(bitwise) << what;
+        }
+        EXPECT_LE(worst, 1e-7) << what;
+        EXPECT_EQ(std::memcmp(first.param_grad(1), w.param_grad(1), sizeof(float) * n_wpe),
+                  0)
+            << what << " wpe (the first stage's alone)";
+        EXPECT_FALSE(last.grad_written(1)) << "the last stage never touches wpe";
+      }
+}
+
+TEST(PipelineStages, MisuseIsRefusedWithAMessage) {
+  const ModelConfig c = tiny();
+  auto error_of = [](auto fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error_of([&] { GPT g(c, 1, nullptr, StageLayers{2, 2}); }).find("0 <= first < last <= model.n_layer=4"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { GPT g(c, 1, nullptr, StageLayers{0, 5}); }).find("got [0, 5)"), std::string::npos);
+  GPT first(c, 1, nullptr, StageLayers{0, 2}), last(c, 1, nullptr, StageLayers{2, 4});
+  const std::vector<int32_t> in = ids(0);
+  EXPECT_NE(error_of([&] { first.forward(0, in.data(), in.data(), B, T, 1.0f); }).find("runs forward_stage()"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { last.forward_stage(0, nullptr, nullptr, in.data(), B, T, 1.0f); })
+                .find("needs its input activation"),
+            std::string::npos);
+  first.forward_stage(0, in.data(), nullptr, nullptr, B, T, 1.0f);
+  EXPECT_NE(error_of([&] { first.backward(0); }).find("before set_stage_output_grad"), std::string::npos);
+  EXPECT_NE(error_of([&] { first.stage_input_grad(0); }).find("no input gradient"), std::string::npos);
+  EXPECT_NE(error_of([&] { last.stage_output(0); }).find("no output activation"), std::string::npos);
+  EXPECT_NE(error_of([&] { first.evaluate(in.data(), in.data(), B, T); }).find("runs the whole model"),
+            std::string::npos);
+}
+
+}  // namespace
