@@ -25,6 +25,14 @@ inline comm::Communicator& self() {
   return *s;
 }
 
+// Groups of `size` consecutive ranks (world rank / size), so a 4-rank job
+// runs two independent 2-rank layouts. Collective on first use of a size.
+inline comm::Communicator& groups_of(int size) {
+  static std::unique_ptr<comm::Communicator> g[65];
+  if (!g[size]) g[size] = world().split(world().rank() / size, world().rank(), "group" + std::to_string(size));
+  return *g[size];
+}
+
 // The same fresh directory on every rank: $TMPDIR/<prefix>_<rank 0's pid>/<name>.
 inline std::filesystem::path shared_dir(const std::string& prefix, const std::string& name) {
   float pid = static_cast<float>(comm::world_rank() == 0 ? ::getpid() : 0);

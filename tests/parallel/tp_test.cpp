@@ -63,13 +63,7 @@ using mpitest::world;
 
 fs::path shared_dir(const std::string& name) { return mpitest::shared_dir("lattice_tp_test", name); }
 
-// Groups of `size` consecutive ranks (world rank / size), so a 4-rank job
-// runs two independent 2-rank layouts.
-comm::Communicator& groups_of(int size) {
-  static std::unique_ptr<comm::Communicator> g[9];
-  if (!g[size]) g[size] = world().split(world().rank() / size, world().rank(), "group" + std::to_string(size));
-  return *g[size];
-}
+using mpitest::groups_of;
 
 std::vector<float> random_vector(size_t n, uint64_t seed, float scale = 1.0f) {
   Rng rng(seed);

@@ -1,0 +1,258 @@
+#include "lattice/parallel/pipeline/executor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <tuple>
+
+#include "lattice/core/error.h"
+#include "lattice/core/timer.h"
+#include "lattice/kernels/ops.h"
+
+namespace lattice::pipeline {
+
+namespace {
+
+// A message between stages: produced by `stage` for micro-batch `micro`,
+// forward (its output activation) or backward (its input's gradient).
+struct Key {
+  int stage, micro;
+  bool backward;
+  bool operator<(const Key& o) const {
+    return std::tie(stage, micro, backward) < std::tie(o.stage, o.micro, o.backward);
+  }
+};
+
+}  // namespace
+
+struct Executor::Pending {
+  std::vector<float> data;
+  comm::WorkPtr work;  // null once complete (or for a local copy)
+};
+
+Executor::Executor(const Schedule& schedule, std::vector<model::GPT*> stages, comm::Communicator& group)
+    : schedule_(schedule), group_(group) {
+  validate(schedule_);
+  const int me = group.rank(), S = schedule_.stages;
+  LATTICE_CHECK(group.size() == schedule_.ranks, "pipeline schedule " << schedule_.name << " has " << schedule_.ranks
+                                                                       << " ranks but the pipeline group has "
+                                                                       << group.size());
+  stage_of_.assign(static_cast<size_t>(S), nullptr);
+  size_t j = 0;
+  for (int s = 0; s < S; s++) {
+    if (schedule_.rank_of_stage[s] != me) continue;
+    LATTICE_CHECK(j < stages.size(), "rank " << me << " holds more stages of schedule " << schedule_.name << " than the "
+                                             << stages.size() << " models it was given");
+    model::GPT* m = stages[j++];
+    LATTICE_CHECK(m->first_stage() == (s == 0) && m->last_stage() == (s == S - 1),
+                  "stage " << s << " of " << S << " was given the model of layers [" << m->first_layer() << ", "
+                           << m->last_layer() << ")");
+    stage_of_[s] = m;
+  }
+  LATTICE_CHECK(j == stages.size(), "rank " << me << " was given " << stages.size() << " stage models but holds " << j
+                                            << " stages of schedule " << schedule_.name);
+  const int first = schedule_.rank_of_stage[0], last = schedule_.rank_of_stage[S - 1];
+  if (first != last)
+    embedding_group_ = group.split(me == first || me == last ? 0 : -1, me, group.name() + ".embedding");
+}
+
+Executor::~Executor() = default;
+
+model::GPT& Executor::stage_model(int stage) {
+  LATTICE_CHECK(stage_of_[stage], "internal: stage " << stage << " is not on this rank");
+  return *stage_of_[stage];
+}
+
+int Executor::tag(int stage, int micro, bool backward) const {
+  const int64_t t = (static_cast<int64_t>(backward ? 1 : 0) * schedule_.stages + stage) * schedule_.micro_batches + micro;
+  LATTICE_CHECK(t < 32767, "pipeline: " << schedule_.stages << " stages x " << schedule_.micro_batches
+                                        << " micro-batches need more message tags than MPI guarantees (32767)");
+  return static_cast<int>(t);
+}
+
+double Executor::run_step(const std::vector<MicroBatch>& batches, int B, int T) {
+  const int me = group_.rank(), S = schedule_.stages, m = schedule_.micro_batches;
+  LATTICE_CHECK(static_cast<int>(batches.size()) == m, "pipeline step: " << batches.size()
+                                                                         << " micro-batches for a schedule of " << m);
+  const std::vector<Action>& actions = schedule_.actions[me];
+  const int64_t N = static_cast<int64_t>(B) * T;
+  int C = 0;
+  for (model::GPT* g : stage_of_)
+    if (g) C = g->config().n_embd;
+  const size_t count = static_cast<size_t>(N) * C;  // one activation or gradient
+
+  std::map<Key, Pending> mailbox;  // messages received or handed over on this rank
+  std::vector<Pending> sends;
+  std::vector<std::vector<int>> free_slots(static_cast<size_t>(S));
+  std::vector<std::vector<int>> slot_of(static_cast<size_t>(S), std::vector<int>(static_cast<size_t>(m), -1));
+  std::vector<int> slots_made(static_cast<size_t>(S), 0);
+
+  // The message action a needs from another stage, if any.
+  auto needs = [&](const Action& a, Key* key) {
+    if (a.op == Op::F && a.stage > 0) {
+      *key = {a.stage - 1, a.micro, false};
+      return true;
+    }
+    if ((a.op == Op::B || a.op == Op::I) && a.stage < S - 1) {
+      *key = {a.stage + 1, a.micro, true};
+      return true;
+    }
+    return false;
+  };
+  auto post_receive = [&](const Key& key) {
+    if (mailbox.count(key)) return;
+    const int from = schedule_.rank_of_stage[key.stage];
+    if (from == me) return;  // handed over locally when produced
+    Pending& p = mailbox[key];
+    p.data.resize(count);
+    p.work = group_.irecv(p.data.data(), count, DType::F32, from, tag(key.stage, key.micro, key.backward));
+  };
+  auto take = [&](const Key& key) -> std::vector<float> {
+    auto it = mailbox.find(key);
+    LATTICE_CHECK(it != mailbox.end(), "pipeline: rank " << me << " has no message from stage " << key.stage
+                                                         << " micro-batch " << key.micro);
+    if (it->second.work) it->second.work->wait();
+    std::vector<float> data = std::move(it->second.data);
+    mailbox.erase(it);
+    return data;
+  };
+  auto deliver = [&](const Key& key, const float* data, int to_stage) {
+    const int to = schedule_.rank_of_stage[to_stage];
+    Pending p;
+    p.data.assign(data, data + count);
+    if (to == me) {
+      mailbox[key] = std::move(p);
+    } else {
+      p.work = group_.isend(p.data.data(), count, DType::F32, to, tag(key.stage, key.micro, key.backward));
+      sends.push_back(std::move(p));
+    }
+  };
+
+  timeline_.clear();
+  Timer clock;
+  double loss_sum = 0;
+  for (size_t i = 0; i < actions.size(); i++) {
+    const Action& a = actions[i];
+    // Receives for this action and the next are posted now (early); this one is waited for below.
+    for (size_t j = i; j < std::min(actions.size(), i + 2); j++) {
+      Key key;
+      if (needs(actions[j], &key)) post_receive(key);
+    }
+    model::GPT& g = stage_model(a.stage);
+    const std::string where = "rank " + std::to_string(me) + " action " + std::to_string(i + 1) + " '" +
+                              to_string(a) + "'";
+    try {
+      Key key;
+      std::vector<float> in;
+      if (needs(a, &key)) in = take(key);
+      Interval iv{a, clock.seconds(), 0};
+      if (a.op == Op::F) {
+        std::vector<int>& pool = free_slots[a.stage];
+        int slot;
+        if (pool.empty()) {
+          slot = slots_made[a.stage]++;
+        } else {
+          slot = pool.back();
+          pool.pop_back();
+        }
+        slot_of[a.stage][a.micro] = slot;
+        const bool last = a.stage == S - 1;
+        const float loss = g.forward_stage(slot, a.stage == 0 ? batches[a.micro].inputs : nullptr,
+                                           a.stage == 0 ? nullptr : in.data(), last ? batches[a.micro].targets : nullptr,
+                                           B, T, 1.0f / static_cast<float>(m));
+        if (last) loss_sum += loss;
+        if (!last) deliver({a.stage, a.micro, false}, g.stage_output(slot), a.stage + 1);
+      } else {
+        const int slot = slot_of[a.stage][a.micro];
+        if (a.op != Op::W && a.stage < S - 1) g.set_stage_output_grad(slot, in.data());
+        if (a.op == Op::B) g.backward(slot);
+        if (a.op == Op::I) g.backward_input(slot);
+        if (a.op == Op::W) g.backward_weight(slot);
+        if (a.op != Op::W && a.stage > 0) deliver({a.stage, a.micro, true}, g.stage_input_grad(slot), a.stage - 1);
+        if (a.op != Op::I) free_slots[a.stage].push_back(slot);  // its last backward: the slot is free
+      }
+      iv.end = clock.seconds();
+      timeline_.push_back(iv);
+    } catch (const Error& e) {
+      LATTICE_FAIL("pipeline " << where << ": " << e.what());
+    }
+  }
+  for (Pending& p : sends) p.work->wait();
+  sync_tied_embedding();
+  double loss = loss_sum;
+  group_.all_reduce(&loss, 1, DType::F64, comm::ReduceOp::Sum);  // only the last stage adds
+  return loss / m;
+}
+
+// Makes every gradient of the embedding group exist (a stage that never
+// wrote one, e.g. the last stage's wpe, holds zeros), then sums the first
+// and last stage's copies so both hold the whole gradient of the tied wte.
+void Executor::sync_tied_embedding() {
+  const int S = schedule_.stages;
+  auto written = [](model::GPT& g) {
+    model::ParamGroup& e = g.embedding_group();
+    for (size_t p = 0; p < e.params().size(); p++) {
+      bool acc = false;
+      float* d = e.write_grad(p, &acc);
+      if (!acc) std::memset(d, 0, sizeof(float) * e.params()[p].numel());
+    }
+    return e.grad_storage();
+  };
+  if (S == 1) return;
+  model::GPT* first = stage_of_[0];
+  model::GPT* last = stage_of_[S - 1];
+  if (first && last) {  // both on this rank
+    float* a = written(*first);
+    float* b = written(*last);
+    const int64_t n = first->embedding_group().numel();
+    for (int64_t i = 0; i < n; i++) a[i] += b[i];
+    std::memcpy(b, a, sizeof(float) * n);
+    return;
+  }
+  if (!first && !last) return;
+  model::GPT& mine = first ? *first : *last;
+  float* grad = written(mine);
+  embedding_group_->all_reduce(grad, static_cast<size_t>(mine.embedding_group().numel()), DType::F32,
+                               comm::ReduceOp::Sum);
+}
+
+double Executor::grad_sum_squares() {
+  double sum = 0;
+  for (model::GPT* g : stage_of_) {
+    if (!g) continue;
+    for (size_t i = 0; i < g->groups().size(); i++) {
+      if (g->has_embedding() && i == g->embedding_index() && !g->first_stage()) continue;  // counted on the first stage
+      const model::ParamGroup& p = g->groups()[i];
+      sum += kernels::sum_squares(p.grad(), p.numel());
+    }
+  }
+  group_.all_reduce(&sum, 1, DType::F64, comm::ReduceOp::Sum);
+  return sum;
+}
+
+std::vector<std::vector<Interval>> Executor::gather_timelines() {
+  const int n = group_.size();
+  std::vector<double> mine;
+  for (const Interval& iv : timeline_)
+    mine.insert(mine.end(), {static_cast<double>(iv.action.stage), static_cast<double>(iv.action.op),
+                             static_cast<double>(iv.action.micro), iv.start, iv.end});
+  std::vector<double> counts_d(static_cast<size_t>(n));
+  double c = static_cast<double>(mine.size());
+  group_.all_gather(&c, counts_d.data(), 1, DType::F64);
+  std::vector<size_t> counts(static_cast<size_t>(n));
+  size_t total = 0;
+  for (int r = 0; r < n; r++) total += counts[r] = static_cast<size_t>(counts_d[r]);
+  std::vector<double> all(total);
+  group_.all_gather_v(mine.data(), all.data(), counts, DType::F64);
+  std::vector<std::vector<Interval>> out(static_cast<size_t>(n));
+  size_t at = 0;
+  for (int r = 0; r < n; r++)
+    for (size_t k = 0; k < counts[r]; k += 5, at += 5)
+      out[r].push_back({{static_cast<int>(all[at]), static_cast<Op>(static_cast<int>(all[at + 1])),
+                         static_cast<int>(all[at + 2])},
+                        all[at + 3],
+                        all[at + 4]});
+  return out;
+}
+
+}  // namespace lattice::pipeline

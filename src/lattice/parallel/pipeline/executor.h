@@ -1,0 +1,87 @@
+// The pipeline executor: runs one rank's list of a schedule (schedule.h) on
+// the stage models this rank holds (model::GPT built with StageLayers, one
+// per stage — v of them with interleaving).
+//
+// Per action:
+//   F(s, k)   the input: micro-batch k's tokens (stage 0), or stage s-1's
+//             output — from this rank's own chunk, or received from its rank
+//             (the receive posted as early as the previous action, waited for
+//             here); forward_stage into a free activation slot; the output
+//             sent on to stage s+1's rank (non-blocking).
+//   B/I(s, k) the output's gradient from stage s+1 (received likewise, or
+//             taken from this rank's chunk); backward or backward_input; the
+//             input's gradient sent to stage s-1's rank.
+//   W(s, k)   backward_weight; the slot is free again.
+// Sends copy their payload (the slot may be reused at once) and are waited
+// for at the end of the step; receives name (stage, micro-batch, direction)
+// in their tag, so any valid order matches. The loss is scaled by 1/m (every
+// micro-batch's gradient is that of the step's mean loss). At the end of the
+// step the tied embedding's two shares — the lookup's on the first stage, the
+// head's on the last — are summed so both copies hold the whole gradient.
+//
+// Activation slots come from a pool per stage and return to it after the
+// micro-batch's last backward, so a rank holds only its in-flight
+// micro-batches (1F1B: at most p, GPipe: m).
+//
+// Every action is timed (seconds from the step's start): timeline() is the
+// measured counterpart of the simulator's, for pipeline::chrome_trace and the
+// measured bubble.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "lattice/comm/communicator.h"
+#include "lattice/model/gpt.h"
+#include "lattice/parallel/pipeline/schedule.h"
+#include "lattice/parallel/pipeline/simulator.h"
+
+namespace lattice::pipeline {
+
+struct MicroBatch {
+  const int32_t* inputs = nullptr;   // [B·T] token ids (read by stage 0)
+  const int32_t* targets = nullptr;  // [B·T] (read by the last stage)
+};
+
+class Executor {
+ public:
+  // `group`: the pipeline ranks, rank i running row i of `schedule` (which
+  // is validated here). `stages[j]`: the model of the j-th stage this rank
+  // holds, in increasing stage order, each built for that stage's layers.
+  // Collective over `group` (the ranks holding the first and last stage get
+  // a communicator for the tied embedding).
+  Executor(const Schedule& schedule, std::vector<model::GPT*> stages, comm::Communicator& group);
+  ~Executor();
+
+  // One step: every action of this rank's list on `batches` (m micro-batches
+  // of B × T tokens). Gradients accumulate into the stage models' groups
+  // (the caller zeroes them before). Returns the step's mean loss, on every rank.
+  double run_step(const std::vector<MicroBatch>& batches, int B, int T);
+
+  // Σ g² over every parameter of the pipeline, the tied embedding counted
+  // once (all-reduced over the group, so every rank gets it).
+  double grad_sum_squares();
+
+  // This rank's actions of the last step, timed (seconds from its start).
+  const std::vector<Interval>& timeline() const { return timeline_; }
+  // Every rank's timeline of the last step (collective): for the trace and
+  // the measured bubble.
+  std::vector<std::vector<Interval>> gather_timelines();
+
+  const Schedule& schedule() const { return schedule_; }
+
+ private:
+  struct Pending;
+  model::GPT& stage_model(int stage);
+  int tag(int stage, int micro, bool backward) const;
+  void sync_tied_embedding();
+
+  Schedule schedule_;
+  comm::Communicator& group_;
+  std::vector<model::GPT*> stage_of_;  // by stage index: this rank's model, or null
+  std::unique_ptr<comm::Communicator> embedding_group_;  // first and last stage's ranks (if two)
+  std::vector<Interval> timeline_;
+};
+
+}  // namespace lattice::pipeline
