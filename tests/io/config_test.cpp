@@ -47,6 +47,7 @@ n_head = 4
 n_embd = 64
 [parallel]
 tp = 2
+pp = 2
 zero_stage = 3
 sequence_parallel = true
 schedule = "zb-h1"
@@ -164,7 +165,11 @@ TEST(Config, WrongTypesAndRanges) {
   EXPECT_ERROR_CONTAINS(parse("", {"compression.grad=zip"}),
                         "compression.grad must be one of none, int8, topk, onebit, got \"zip\"");
   EXPECT_ERROR_CONTAINS(parse("", {"parallel.schedule=2f2b"}),
-                        "parallel.schedule must be one of gpipe, 1f1b, interleaved, zb-h1, got \"2f2b\"");
+                        "parallel.schedule=\"2f2b\" is not a schedule (gpipe, 1f1b, interleaved, zb-h1, or csv:FILE)");
+  EXPECT_ERROR_CONTAINS(parse("", {"parallel.schedule=gpipe"}),
+                        "parallel.schedule=\"gpipe\" applies to pipeline parallelism: set parallel.pp > 1");
+  EXPECT_ERROR_CONTAINS(parse("", {"parallel.virtual_stages=2"}),
+                        "parallel.virtual_stages=2 applies to pipeline parallelism");
   EXPECT_ERROR_CONTAINS(parse("", {"precision.loss_scale=-4"}),
                         "precision.loss_scale must be \"dynamic\" or a number > 0, got -4");
   EXPECT_ERROR_CONTAINS(parse("", {"precision.loss_scale=auto"}),
@@ -243,7 +248,7 @@ TEST(Config, ValidateConfigBuiltInCode) {
   EXPECT_ERROR_CONTAINS(validate_config(c), "train.steps must be an integer >= 1, got 0");
   c = RunConfig();
   c.parallel.schedule = "bogus";
-  EXPECT_ERROR_CONTAINS(validate_config(c), "parallel.schedule must be one of");
+  EXPECT_ERROR_CONTAINS(validate_config(c), "parallel.schedule=\"bogus\" is not a schedule");
   c = RunConfig();
   c.model.n_head = 0;
   EXPECT_ERROR_CONTAINS(validate_config(c), "model.n_head must be an integer >= 1, got 0");

@@ -73,6 +73,20 @@ inline void expect_same_run(const RunResult& got, const RunResult& want, const s
                          << want.losses.size() << " steps";
 }
 
+// The val loss (train.eval_steps batches) before training and after `steps`
+// steps: evaluation is a layout-independent mean too.
+inline std::vector<double> eval_before_and_after(io::RunConfig c, comm::Communicator& ranks, int steps = 3) {
+  c.train.eval_steps = 2;
+  train::TrainerOptions o;
+  o.print = false;
+  o.ranks = &ranks;
+  train::Trainer t(c, o);
+  std::vector<double> v = {t.evaluate()};
+  for (int s = 0; s < steps; s++) t.train_step();
+  v.push_back(t.evaluate());
+  return v;
+}
+
 // Bit-identical parameters (names, shapes, values).
 inline bool same_params(const RunResult& a, const RunResult& b) {
   if (a.params.size() != b.params.size()) return false;

@@ -15,12 +15,16 @@
 #include <string>
 #include <vector>
 
+#include "lattice/core/error.h"
 #include "lattice/core/threads.h"
+#include "lattice/io/config.h"
+#include "lattice/train/trainer.h"
 #include "lattice/model/gpt.h"
 #include "lattice/optim/adamw.h"
 #include "lattice/parallel/pipeline/executor.h"
 #include "lattice/parallel/pipeline/partition.h"
 #include "lattice/parallel/pipeline/timeline.h"
+#include "equivalence.h"
 #include "mpi_ranks.h"
 
 using namespace lattice;
@@ -170,6 +174,105 @@ TEST(PipelineExecutor, CsvScheduleRunsAndItsTimelineIsRecorded) {
   const double bubble = bubble_of(timeline);
   EXPECT_GE(bubble, 0.0);
   EXPECT_LT(bubble, 1.0);
+}
+
+}  // namespace
+
+namespace {
+
+// ---- through the trainer: lattice train's pipeline path ----
+
+io::RunConfig pp_layout(int pp, const std::string& schedule, int v = 1, int layers = 4) {
+  io::RunConfig c;
+  c.model.n_layer = layers;
+  c.model.n_head = 4;
+  c.model.n_embd = 32;
+  c.model.vocab_size = 101;
+  c.model.seq_len = T;
+  c.train.steps = kSteps;
+  c.train.threads = 1;
+  c.train.micro_batch_size = B;
+  c.train.grad_accum_steps = 4;
+  c.optim.lr = 1e-2;
+  c.optim.min_lr = 1e-3;
+  c.optim.warmup_steps = 3;
+  c.optim.grad_clip = 1.0;
+  c.parallel.pp = pp;
+  c.parallel.schedule = schedule;
+  c.parallel.virtual_stages = v;
+  return c;
+}
+
+TEST(PipelineTrainer, LatticeTrainAtPpTrainsTheOneProcessModel) {
+  const mpitest::RunResult want = mpitest::train_run(pp_layout(1, "1f1b"), mpitest::self());
+  const mpitest::RunResult want8 = mpitest::train_run(pp_layout(1, "1f1b", 1, 8), mpitest::self());
+  for (int p : {2, 4}) {
+    if (p > world().size()) continue;
+    for (const char* s : {"gpipe", "1f1b", "zb-h1"})
+      mpitest::expect_same_run(mpitest::train_run(pp_layout(p, s), groups_of(p)), want,
+                               std::string(s) + " pp=" + std::to_string(p));
+    mpitest::expect_same_run(mpitest::train_run(pp_layout(p, "interleaved", 2, 8), groups_of(p)), want8,
+                             "interleaved pp=" + std::to_string(p));
+  }
+}
+
+// A checkpoint is full tensors by HF name at any pp: saved at pp=2 after 5
+// steps, it resumes at pp=1 and (4 ranks) pp=4 on the uninterrupted run.
+TEST(PipelineTrainer, CheckpointAtPp2ResumesAtPp1AndPp4) {
+  const std::filesystem::path dir = mpitest::shared_dir("lattice_pp_test", "ckpt");
+  const mpitest::RunResult want = mpitest::train_run(pp_layout(1, "1f1b"), mpitest::self());
+  comm::Communicator& pairs = groups_of(2);
+  if (world().rank() < 2) mpitest::train_run(pp_layout(2, "1f1b"), pairs, 5, dir.string());
+  world().barrier();
+  auto resumed = [&](io::RunConfig c, comm::Communicator& ranks, const std::string& what) {
+    c.checkpoint.resume = (dir / "step_000005").string();
+    mpitest::RunResult got = mpitest::train_run(c, ranks, 5);
+    mpitest::RunResult tail = want;
+    tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 5);
+    tail.norms.erase(tail.norms.begin(), tail.norms.begin() + 5);
+    mpitest::expect_same_run(got, tail, what);
+  };
+  resumed(pp_layout(1, "1f1b"), mpitest::self(), "resumed at pp=1");
+  if (world().size() >= 4) resumed(pp_layout(4, "zb-h1"), groups_of(4), "resumed at pp=4 zb-h1");
+}
+
+// Evaluation runs the stages' forwards only and gives the one-process loss.
+TEST(PipelineTrainer, EvaluationMatchesOneProcess) {
+  const auto eval = [](const io::RunConfig& c, comm::Communicator& r) { return mpitest::eval_before_and_after(c, r); };
+  const std::vector<double> want = eval(pp_layout(1, "1f1b"), mpitest::self());
+  const std::vector<double> got = eval(pp_layout(2, "1f1b"), groups_of(2));
+  for (size_t i = 0; i < want.size(); i++) EXPECT_NEAR(got[i], want[i], 1e-5 * std::fabs(want[i])) << "eval " << i;
+}
+
+std::string trainer_error(const io::RunConfig& c, comm::Communicator& ranks) {
+  try {
+    train::TrainerOptions o;
+    o.print = false;
+    o.ranks = &ranks;
+    train::Trainer t(c, o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PipelineTrainer, BadPipelineSettingsAreRefusedByName) {
+  comm::Communicator& pairs = groups_of(2);
+  auto has = [](const std::string& msg, const std::string& piece) {
+    EXPECT_NE(msg.find(piece), std::string::npos) << msg;
+  };
+  io::RunConfig c = pp_layout(2, "interleaved", 3, 4);  // 2 x 3 = 6 chunks for 4 layers
+  has(trainer_error(c, pairs), "6 chunks for 4 layers");
+  c = pp_layout(2, "interleaved", 2, 4);
+  c.train.grad_accum_steps = 3;  // not a multiple of pp
+  has(trainer_error(c, pairs), "must be a multiple of parallel.pp=2");
+  has(trainer_error(pp_layout(2, "pipedream"), pairs), "parallel.schedule=\"pipedream\" is not a schedule");
+  has(trainer_error(pp_layout(2, "zb-v"), pairs), "not generated yet");
+  has(trainer_error(pp_layout(2, "csv:/nonexistent/schedule.csv"), pairs), "/nonexistent/schedule.csv");
+  has(trainer_error(pp_layout(1, "gpipe"), mpitest::self()), "applies to pipeline parallelism");
+  c = pp_layout(2, "1f1b");
+  c.parallel.zero_stage = 1;
+  has(trainer_error(c, pairs), "does not compose with pipeline parallelism yet");
 }
 
 }  // namespace

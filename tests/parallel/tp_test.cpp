@@ -427,17 +427,7 @@ TEST(TensorParallel, DataTimesTensorParallelWithZeroTrainsTheOneProcessModel) {
 // Evaluation (no backward, no generation) under TP and SP is the one-process
 // mean loss over the same val batches, before and after training.
 TEST(TensorParallel, EvaluationMatchesOneProcess) {
-  auto evaluate = [](io::RunConfig c, comm::Communicator& ranks) {
-    c.train.eval_steps = 2;
-    train::TrainerOptions o;
-    o.print = false;
-    o.ranks = &ranks;
-    train::Trainer t(c, o);
-    std::vector<double> v = {t.evaluate()};
-    for (int s = 0; s < 3; s++) t.train_step();
-    v.push_back(t.evaluate());
-    return v;
-  };
+  const auto evaluate = [](const io::RunConfig& c, comm::Communicator& r) { return mpitest::eval_before_and_after(c, r); };
   const std::vector<double> want = evaluate(layout(50257, 1, false), self());
   for (int t : {2, 4}) {
     if (t > world().size()) continue;

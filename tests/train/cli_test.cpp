@@ -166,9 +166,9 @@ TEST(Cli, MultiRankRefusalsReachEveryRank) {
                                                 "does not equal the 2 ranks"),
               std::string::npos)
         << r.output;
-  r = mpirun("train " + kTiny + "--set parallel.pp=2");
+  r = mpirun("train " + kTiny + "--set parallel.cp=2");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.output.find("parallel.pp=2: pipeline parallelism is not implemented yet; set parallel.pp=1"),
+  EXPECT_NE(r.output.find("parallel.cp=2: context parallelism is not implemented yet; set parallel.cp=1"),
             std::string::npos)
       << r.output;
 }

@@ -302,8 +302,6 @@ TEST(Trainer, RefusesMeshMismatchAndUnimplementedFeatures) {
             "precision.compute at its default (\"f32\")");
   // Every key whose feature has not landed is refused, never ignored.
   const std::vector<std::pair<std::function<void(io::RunConfig&)>, std::string>> pending = {
-      {[](io::RunConfig& c) { c.parallel.schedule = "gpipe"; }, "parallel.schedule=\"gpipe\""},
-      {[](io::RunConfig& c) { c.parallel.virtual_stages = 2; }, "parallel.virtual_stages=2"},
       {[](io::RunConfig& c) { c.parallel.microbatches = 4; }, "set train.grad_accum_steps instead"},
       {[](io::RunConfig& c) { c.precision.loss_scale = 1024; }, "precision.loss_scale=1024.0"},
       {[](io::RunConfig& c) { c.compression.grad = "int8"; }, "compression.grad=\"int8\""},

@@ -118,9 +118,9 @@ const std::vector<Key>& keys() {
         key<&R::parallel, &ParallelSection::sequence_parallel>(
             "parallel", "sequence_parallel", any(),
             "keep the LayerNorm and residual activations as sequence slices over the TP group (needs parallel.tp > 1)"),
-        key<&R::parallel, &ParallelSection::schedule>("parallel", "schedule",
-                                                      one_of({"gpipe", "1f1b", "interleaved", "zb-h1"}),
-                                                      "pipeline schedule"),
+        key<&R::parallel, &ParallelSection::schedule>(
+            "parallel", "schedule", any(),
+            "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1, or csv:FILE (PyTorch's compute-only format)"),
         key<&R::parallel, &ParallelSection::virtual_stages>(
             "parallel", "virtual_stages", at_least(1), "model chunks per pipeline rank (interleaved schedule)"),
         key<&R::parallel, &ParallelSection::microbatches>(
@@ -594,8 +594,6 @@ void apply_toml(RunConfig& cfg, const toml::table& root, const std::string& sour
 // starting with '=' is the whole reason (a key that is not a feature).
 const std::vector<std::pair<const char*, const char*>>& pending_keys() {
   static const std::vector<std::pair<const char*, const char*>> pending = {
-      {"parallel.schedule", "pipeline schedules (they come with pipeline parallelism)"},
-      {"parallel.virtual_stages", "interleaved pipeline stages (they come with pipeline parallelism)"},
       {"parallel.microbatches",
        "=the micro-batches of a step (the pipeline's too) are train.grad_accum_steps, one knob rather than two: "
        "set train.grad_accum_steps instead and leave parallel.microbatches at 1"},
@@ -642,6 +640,22 @@ void check_cross_keys(const RunConfig& cfg) {
     LATTICE_CHECK(4LL * m.n_embd % tp == 0, "parallel.tp=" << tp << " does not divide 4 x model.n_embd="
                                                            << 4LL * m.n_embd
                                                            << ": tensor parallelism splits the MLP's hidden columns");
+  }
+  const ParallelSection& par = cfg.parallel;
+  {
+    const std::string& s = par.schedule;
+    LATTICE_CHECK(s == "gpipe" || s == "1f1b" || s == "interleaved" || s == "zb-h1" || s == "zb-v" ||
+                      (s.rfind("csv:", 0) == 0 && s.size() > 4),
+                  "parallel.schedule=\"" << s << "\" is not a schedule (gpipe, 1f1b, interleaved, zb-h1, or "
+                                                  "csv:FILE)");
+  }
+  if (par.pp == 1) {
+    LATTICE_CHECK(par.schedule == "1f1b", "parallel.schedule=\"" << par.schedule
+                                                                 << "\" applies to pipeline parallelism: set "
+                                                                    "parallel.pp > 1, or leave it at \"1f1b\"");
+    LATTICE_CHECK(par.virtual_stages == 1, "parallel.virtual_stages=" << par.virtual_stages
+                                                                      << " applies to pipeline parallelism: set "
+                                                                         "parallel.pp > 1, or leave it at 1");
   }
   if (cfg.parallel.sequence_parallel) {
     LATTICE_CHECK(tp > 1, "parallel.sequence_parallel=true needs parallel.tp > 1: it splits the sequence over the "

@@ -907,6 +907,11 @@ void GPT::backward(int slot_index) {
   s.input_grad_ready = !first_stage();
 }
 
+void GPT::release(int slot_index) {
+  Slot& s = existing_slot(slots_, slot_index);
+  s.has_forward = s.has_backward_input = s.has_output_grad = false;
+}
+
 // The embedding's gradient is complete after the lookup's scatter-add (first
 // stage) — on a last stage that is not the first, after the head's share.
 void GPT::embedding_weight_with_hooks(Slot& s) {

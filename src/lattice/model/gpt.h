@@ -190,6 +190,8 @@ class GPT {
   void backward_weight(int slot);
   // backward_input + backward_weight, layer by layer.
   void backward(int slot);
+  // Drops slot's forward without a backward (evaluation through pipeline stages).
+  void release(int slot);
 
   // Mean loss without storing anything for backward (evaluation).
   float evaluate(const int32_t* inputs, const int32_t* targets, int B, int T);

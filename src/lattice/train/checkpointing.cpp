@@ -10,6 +10,7 @@
 #include "lattice/parallel/data/data_parallel.h"
 #include "lattice/parallel/tensor/tensor_parallel.h"
 #include "lattice/train/model_io.h"
+#include "lattice/train/pipeline_state.h"
 #include "lattice/train/trainer.h"
 
 namespace lattice::train {
@@ -48,8 +49,10 @@ std::vector<HfTensor> Trainer::group_tensors(size_t g, ModelBuffer which, bool a
 
 std::vector<HfTensor> Trainer::full_tensors(ModelBuffer which) {
   std::vector<HfTensor> out;
-  for (size_t g = 0; g < model_->groups().size(); g++)
-    for (HfTensor& t : group_tensors(g, which, true)) out.push_back(std::move(t));
+  const size_t groups = pipe_ ? pipe_->whole->groups().size() : model_->groups().size();
+  for (size_t g = 0; g < groups; g++)
+    for (HfTensor& t : pipe_ ? pipeline_group_tensors(g, which, true) : group_tensors(g, which, true))
+      out.push_back(std::move(t));
   return out;
 }
 
@@ -65,12 +68,14 @@ std::string Trainer::save_checkpoint() {
   const ModelBuffer which[3] = {ModelBuffer::Params, ModelBuffer::AdamM, ModelBuffer::AdamV};
   std::unique_ptr<io::CheckpointWriter> w;
   std::unique_ptr<io::SafeTensorsStream> files[2];  // model, optimizer
+  // The whole model's groups, in order (a pipeline stage holds some of them).
+  const model::GPT& layout_model = pipe_ ? *pipe_->whole : *model_;
   if (is_root_) {
     // The headers first: every tensor's name and HF shape is known.
     io::SafeTensorsWriter layout[2];
     layout[0].set_metadata("format", "pt");
     layout[0].set_metadata("n_head", std::to_string(config_.model.n_head));
-    for (const model::ParamGroup& group : model_->groups())
+    for (const model::ParamGroup& group : layout_model.groups())
       for (const model::ParamInfo& p : group.params()) {
         layout[0].add(p.name, DType::F32, hf_shape(p), nullptr);
         for (int k = 0; k < 2; k++) layout[1].add(p.name + kMomentSuffix[k], DType::F32, hf_shape(p), nullptr);
@@ -79,9 +84,9 @@ std::string Trainer::save_checkpoint() {
     files[0] = std::make_unique<io::SafeTensorsStream>(layout[0], w->path("model.safetensors"));
     files[1] = std::make_unique<io::SafeTensorsStream>(layout[1], w->path("optimizer.safetensors"));
   }
-  for (size_t g = 0; g < model_->groups().size(); g++) {
+  for (size_t g = 0; g < layout_model.groups().size(); g++) {
     std::vector<HfTensor> tensors[3];
-    for (int k = 0; k < 3; k++) tensors[k] = group_tensors(g, which[k], false);
+    for (int k = 0; k < 3; k++) tensors[k] = pipe_ ? pipeline_group_tensors(g, which[k], false) : group_tensors(g, which[k], false);
     if (!is_root_) continue;
     for (size_t i = 0; i < tensors[0].size(); i++) {
       files[0]->append(tensors[0][i].data.data(), tensors[0][i].data.size() * sizeof(float));
@@ -98,7 +103,8 @@ std::string Trainer::save_checkpoint() {
   meta.set("seed", io::JsonValue::integer(config_.train.seed));
   meta.set("loss_scale", io::JsonValue::number(1.0));
   meta.set("train_loader", train_data_->state());
-  meta.set("saved_by", io::JsonValue::string("parallel.dp=" + std::to_string(config_.parallel.dp) +
+  meta.set("saved_by", io::JsonValue::string("parallel.pp=" + std::to_string(config_.parallel.pp) +
+                                             " parallel.dp=" + std::to_string(config_.parallel.dp) +
                                              " parallel.tp=" + std::to_string(config_.parallel.tp) +
                                              " parallel.sequence_parallel=" +
                                              (config_.parallel.sequence_parallel ? "true" : "false") +
@@ -151,12 +157,16 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
   const parallel::DataParallel::State which[3] = {parallel::DataParallel::State::Params,
                                                   parallel::DataParallel::State::AdamM,
                                                   parallel::DataParallel::State::AdamV};
-  for (size_t g = 0; g < model_->groups().size(); g++) {
-    const model::ParamGroup& group = model_->groups()[g];
-    std::vector<float> full(static_cast<size_t>(group.capacity()), 0.0f);
-    for (int k = 0; k < 3; k++) {
-      import_hf_group(group, full.data(), sources[k]);
-      dp_->load_full(g, which[k], full.data());
+  if (pipe_) {
+    load_pipeline_state(sources);
+  } else {
+    for (size_t g = 0; g < model_->groups().size(); g++) {
+      const model::ParamGroup& group = model_->groups()[g];
+      std::vector<float> full(static_cast<size_t>(group.capacity()), 0.0f);
+      for (int k = 0; k < 3; k++) {
+        import_hf_group(group, full.data(), sources[k]);
+        dp_->load_full(g, which[k], full.data());
+      }
     }
   }
   int64_t step = 0, adam = 0;
@@ -165,7 +175,11 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
                     meta.at("tokens_seen").get_u64(&tokens),
                 "checkpoint '" << step_dir << "/meta.json' has a malformed step, adam_steps or tokens_seen");
   step_ = step;
-  optimizer().set_steps_taken(adam);
+  if (pipe_) {
+    for (auto& a : pipe_->adams) a->set_steps_taken(adam);
+  } else {
+    optimizer().set_steps_taken(adam);
+  }
   tokens_seen_ = tokens;
   train_data_->restore(meta.at("train_loader"));
   if (is_root_ && options_.print) {

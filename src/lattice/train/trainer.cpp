@@ -27,6 +27,7 @@
 #include "lattice/parallel/data/data_parallel.h"
 #include "lattice/parallel/zero/disk_store.h"
 #include "lattice/train/model_io.h"
+#include "lattice/train/pipeline_state.h"
 
 namespace lattice::train {
 
@@ -93,7 +94,7 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   const comm::MeshSizes sizes{p.pp, p.dp, p.cp, p.tp, p.ep};
   const int ranks = options_.ranks ? options_.ranks->size() : comm::world_size();
   comm::validate_mesh_sizes(ranks, sizes);
-  comm::refuse_unimplemented(sizes, {"dp", "tp"});
+  comm::refuse_unimplemented(sizes, {"dp", "tp", "pp"});
   mesh_ = std::make_unique<comm::ProcessMesh>(options_.ranks ? comm::ProcessMesh::create(sizes, *options_.ranks)
                                                              : comm::ProcessMesh::create(sizes));
   is_root_ = mesh_->world_rank() == 0;
@@ -130,11 +131,20 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   peak_ = train::machine_peak(num_threads(), std::min(num_threads() * local_ranks, cores), ranks == 1);
   peak_flops_ = peak_.fp32_gflops_per_core * 1e9 * num_threads();
 
-  const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
   const uint64_t seed = static_cast<uint64_t>(config_.train.seed);
   // The model declares its parameters; data parallelism and ZeRO (one rank:
   // stage 0 over a group of one, no communication) allocate what this rank
   // keeps, and own the optimizer and the gradient reduction.
+  if (p.pp > 1) {
+    build_pipeline(seed);
+  } else {
+    build_replicas(seed);
+  }
+  setup_data(seed);
+}
+
+void Trainer::build_replicas(uint64_t seed) {
+  const auto& p = config_.parallel;
   if (p.tp > 1) tp_ = std::make_unique<tensor::TensorParallel>(mesh_->tp(), p.sequence_parallel);
   model_ = std::make_unique<model::GPT>(model_config_, model::GPT::Unallocated{}, tp_.get());
   parallel::DataParallelOptions dpo;
@@ -164,6 +174,11 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   } else if (config_.checkpoint.resume.empty()) {
     dp_->initialize(seed);
   }
+}
+
+void Trainer::setup_data(uint64_t seed) {
+  const auto& p = config_.parallel;
+  const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
 
   // Each rank reads its part of every global batch (data/loader.h).
   BatchLayout layout;
@@ -199,7 +214,6 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   }
 }
 
-optim::AdamW& Trainer::optimizer() { return dp_->optimizer(); }
 
 void trim_metrics_after(const std::string& path, int64_t step) {
   std::ifstream in(path);
@@ -226,7 +240,6 @@ void trim_metrics_after(const std::string& path, int64_t step) {
   if (dropped) io::write_file_atomic(path, kept);
 }
 
-Trainer::~Trainer() = default;
 
 // An error in the middle of a step of a multi-rank job ends the job right
 // here, naming the rank and the cause: unwinding further would free buffers
@@ -248,39 +261,45 @@ StepStats Trainer::train_step() {
 StepStats Trainer::train_step_unguarded() {
   Timer timer;
   const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
-  const int micro = micro_batches_, ranks = dp_->ranks();
-  const uint64_t tp_bytes_before = tp_ ? tp_->group().stats().bytes_sent : 0;
-  if (tp_) tp_->reset_comm_seconds();
-  dp_->begin_step();
-  double loss_sum = 0;
-  for (int m = 0; m < micro; m++) {
-    dp_->begin_micro_batch(m == micro - 1);
-    train_data_->next(inputs_.data(), targets_.data());
-    loss_sum += model_->forward(0, inputs_.data(), targets_.data(), B, T, 1.0f / static_cast<float>(micro));
-    if (options_.split_backward) {
-      model_->backward_input(0);
-      model_->backward_weight(0);
-    } else {
-      model_->backward(0);
+  double loss = 0, norm = 0;
+  float lr = optim::lr_at(step_, config_.train.steps, config_.optim.warmup_steps,
+                          static_cast<float>(config_.optim.lr), static_cast<float>(config_.optim.min_lr));
+  uint64_t tp_bytes_before = 0;
+  if (pipe_) {
+    loss = pipeline_step(&norm);  // the micro-batches through the stages, and the update
+  } else {
+    const int micro = micro_batches_, ranks = dp_->ranks();
+    tp_bytes_before = tp_ ? tp_->group().stats().bytes_sent : 0;
+    if (tp_) tp_->reset_comm_seconds();
+    dp_->begin_step();
+    double loss_sum = 0;
+    for (int m = 0; m < micro; m++) {
+      dp_->begin_micro_batch(m == micro - 1);
+      train_data_->next(inputs_.data(), targets_.data());
+      loss_sum += model_->forward(0, inputs_.data(), targets_.data(), B, T, 1.0f / static_cast<float>(micro));
+      if (options_.split_backward) {
+        model_->backward_input(0);
+        model_->backward_weight(0);
+      } else {
+        model_->backward(0);
+      }
     }
+    dp_->finish_gradients();
+    // The gradients now hold the sum over ranks of each rank's mean over its
+    // micro-batches: 1/ranks makes it the mean over the global batch. (Every
+    // rank of a TP group has the whole loss: the vocabulary-parallel loss is
+    // reduced over the group.)
+    loss = dp_->sum_over_ranks(loss_sum) / (static_cast<double>(micro) * ranks);
+    double sum_squares = dp_->grad_sum_squares();
+    if (tp_) mesh_->tp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
+    norm = std::sqrt(sum_squares) / ranks;
+    // Loss and norm are reduced: every rank takes this decision alike.
+    LATTICE_CHECK(std::isfinite(loss) && std::isfinite(norm),
+                  "step " << step_ + 1 << ": loss " << loss << ", grad norm " << norm
+                          << " is not finite; lower optim.lr or check the data");
+    dp_->optimizer_step(lr, optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) /
+                                static_cast<float>(ranks));
   }
-  dp_->finish_gradients();
-  // The gradients now hold the sum over ranks of each rank's mean over its
-  // micro-batches: 1/ranks makes it the mean over the global batch. (Every
-  // rank of a TP group has the whole loss: the vocabulary-parallel loss is
-  // reduced over the group.)
-  const double loss = dp_->sum_over_ranks(loss_sum) / (static_cast<double>(micro) * ranks);
-  double sum_squares = dp_->grad_sum_squares();
-  if (tp_) mesh_->tp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
-  const double norm = std::sqrt(sum_squares) / ranks;
-  const float lr = optim::lr_at(step_, config_.train.steps, config_.optim.warmup_steps,
-                                static_cast<float>(config_.optim.lr), static_cast<float>(config_.optim.min_lr));
-  // Loss and norm are reduced: every rank takes this decision alike.
-  LATTICE_CHECK(std::isfinite(loss) && std::isfinite(norm),
-                "step " << step_ + 1 << ": loss " << loss << ", grad norm " << norm
-                        << " is not finite; lower optim.lr or check the data");
-  dp_->optimizer_step(lr, optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) /
-                              static_cast<float>(ranks));
   step_++;
   const double tokens = static_cast<double>(io::global_batch_size(config_)) * T;
   tokens_seen_ += static_cast<uint64_t>(tokens);
@@ -300,10 +319,14 @@ StepStats Trainer::train_step_unguarded() {
     s.tp_comm_bytes = tp_->group().stats().bytes_sent - tp_bytes_before;
   }
   s.peak_mem_bytes = MemoryTracker::instance().peak_total();
-  const parallel::DataParallel::StepComm c = dp_->last_step_comm();
-  s.comm_ms = c.ran_s * 1e3;
-  s.comm_exposed_ms = c.exposed_s * 1e3;
-  s.comm_hidden = c.hidden();
+  if (dp_) {
+    const parallel::DataParallel::StepComm c = dp_->last_step_comm();
+    s.comm_ms = c.ran_s * 1e3;
+    s.comm_exposed_ms = c.exposed_s * 1e3;
+    s.comm_hidden = c.hidden();
+    s.comm_bytes = c.bytes;
+  }
+  if (pipe_) pipeline_bubbles(&s.pp_bubble, &s.pp_bubble_simulated);
   if (mesh_->world().size() > 1) {
     // The job's step took as long as its slowest rank; memory is the largest rank's.
     double worst[2] = {s.step_ms, static_cast<double>(s.peak_mem_bytes)};
@@ -313,12 +336,12 @@ StepStats Trainer::train_step_unguarded() {
     s.tokens_per_sec = tokens / (s.step_ms / 1e3);
     s.mfu = s.tokens_per_sec * model_config_.flops_per_token(T) / (peak_flops_ * world);
   }
-  s.comm_bytes = c.bytes;
   return s;
 }
 
 double Trainer::evaluate() {
   if (!val_data_) return -1;
+  if (pipe_) return pipeline_evaluate();
   const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
   val_data_->reset();
   double sum = 0;
@@ -342,7 +365,7 @@ void Trainer::print_header() const {
   if (!options_.print || !is_root_) return;
   const auto& m = config_.model;
   std::printf("lattice: GPT %s parameters (n_layer=%d n_head=%d n_embd=%d vocab=%d seq_len=%d)\n",
-              human_count(static_cast<double>(model_->num_params())).c_str(), m.n_layer, m.n_head, m.n_embd,
+              human_count(static_cast<double>(model_config_.num_params())).c_str(), m.n_layer, m.n_head, m.n_embd,
               m.vocab_size, m.seq_len);
   std::printf("lattice: batch %d x %d tokens x %d micro-batches x %d data-parallel ranks = %lld tokens/step, %lld steps, "
               "%d threads per rank\n",
@@ -369,7 +392,8 @@ void Trainer::print_header() const {
                 "mpiexec --bind-to none lets the ranks share them all\n",
                 cpus_, node_cores(), node_cores() - local_ranks_ * cpus_);
   }
-  std::printf("lattice: %s\n", dp_->describe().c_str());
+  if (dp_) std::printf("lattice: %s\n", dp_->describe().c_str());
+  if (pipe_) std::printf("lattice: %s\n", describe_pipeline().c_str());
   if (tp_) {
     const model::GPT::Dims& d = model_->dims();
     std::printf("lattice: tensor parallel over %d ranks%s: each holds %d of %d heads, %d of %d MLP columns and %d of "
@@ -396,10 +420,13 @@ void Trainer::print_step(const StepStats& s) const {
   char val[48] = "";
   if (s.val_loss >= 0) std::snprintf(val, sizeof val, " | val %.4f", s.val_loss);
   char comm[96] = "";
-  if (dp_->ranks() > 1)
+  if (dp_ && dp_->ranks() > 1)
     std::snprintf(comm, sizeof comm, " | comm %.0f ms, %.0f%% hidden, %.0f ms exposed", s.comm_ms,
                   100.0 * s.comm_hidden, s.comm_exposed_ms);
   char tp[64] = "";
+  if (s.pp_bubble >= 0)
+    std::snprintf(tp, sizeof tp, " | bubble %.0f%% (simulated %.0f%%)", 100.0 * s.pp_bubble,
+                  100.0 * s.pp_bubble_simulated);
   if (tp_)
     std::snprintf(tp, sizeof tp, " | tp comm %.0f ms (%.0f%%)", s.tp_comm_ms,
                   s.step_ms > 0 ? 100.0 * s.tp_comm_ms / s.step_ms : 0.0);
@@ -442,6 +469,10 @@ int Trainer::run_unguarded() {
           {"comm_hidden", s.comm_hidden},
           {"comm_exposed_ms", s.comm_exposed_ms},
           {"comm_bytes", static_cast<double>(s.comm_bytes)}};
+      if (s.pp_bubble >= 0) {
+        fields.push_back({"pp_bubble", s.pp_bubble});
+        fields.push_back({"pp_bubble_simulated", s.pp_bubble_simulated});
+      }
       if (tp_) {
         fields.push_back({"tp_comm_ms", s.tp_comm_ms});
         fields.push_back({"tp_comm_bytes", static_cast<double>(s.tp_comm_bytes)});

@@ -59,6 +59,9 @@ struct StepStats {
   // collectives sit on the critical path, so this is time the step waited.
   double tp_comm_ms = 0;
   uint64_t tp_comm_bytes = 0;
+  // Pipeline parallelism (pp > 1): the step's measured bubble (idle share of
+  // ranks × span) and the simulator's for the measured action costs.
+  double pp_bubble = -1, pp_bubble_simulated = -1;
 };
 
 struct TrainerOptions {
@@ -91,7 +94,9 @@ class Trainer {
   // Loads a step directory (model, optimizer, step, loader position, RNG).
   void load_checkpoint(const std::string& step_dir);
 
-  model::GPT& model() { return *model_; }
+  // The model (under pipeline parallelism: the first stage this rank runs).
+  model::GPT& model();
+  bool pipelined() const { return pipe_ != nullptr; }
   optim::AdamW& optimizer();
   parallel::DataParallel& data_parallel() { return *dp_; }
   // Every parameter as its full logical tensor in HF layout (the checkpoint's
@@ -119,12 +124,27 @@ class Trainer {
   // over the TP group. Collective; `all_ranks` false lets ranks other than
   // the world's root skip the TP assembly (they return nothing).
   std::vector<HfTensor> group_tensors(size_t g, ModelBuffer which, bool all_ranks);
+  // Pipeline parallelism (pipeline_training.cpp).
+  struct Pipeline;
+  void build_pipeline(uint64_t seed);
+  void build_replicas(uint64_t seed);  // dp × tp: the model (in TP slices) and DataParallel
+  void setup_data(uint64_t seed);      // batch sources, resume, metrics file
+  void pipeline_bubbles(double* measured, double* simulated) const;
+  std::string describe_pipeline() const;
+  double pipeline_step(double* norm);  // one step's micro-batches and update; returns the loss
+  double pipeline_evaluate();
+  // Group g of the whole model (by whole-model index) as HF tensors, on the
+  // world's root, or with `all_ranks` on every rank (collective over the
+  // pipeline; empty elsewhere).
+  std::vector<HfTensor> pipeline_group_tensors(size_t g, ModelBuffer which, bool all_ranks);
+  void load_pipeline_state(const HfSource sources[3]);
 
   io::RunConfig config_;
   TrainerOptions options_;
   std::unique_ptr<comm::ProcessMesh> mesh_;
   model::ModelConfig model_config_;
   std::unique_ptr<tensor::TensorParallel> tp_;
+  std::unique_ptr<Pipeline> pipe_;
   std::unique_ptr<model::GPT> model_;
   std::unique_ptr<parallel::DataParallel> dp_;
   std::unique_ptr<BatchSource> train_data_, val_data_;

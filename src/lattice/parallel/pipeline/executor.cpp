@@ -71,10 +71,29 @@ int Executor::tag(int stage, int micro, bool backward) const {
 }
 
 double Executor::run_step(const std::vector<MicroBatch>& batches, int B, int T) {
-  const int me = group_.rank(), S = schedule_.stages, m = schedule_.micro_batches;
+  const int m = schedule_.micro_batches;
   LATTICE_CHECK(static_cast<int>(batches.size()) == m, "pipeline step: " << batches.size()
                                                                          << " micro-batches for a schedule of " << m);
-  const std::vector<Action>& actions = schedule_.actions[me];
+  double loss = run_actions(schedule_.actions[group_.rank()], batches, B, T, true);
+  sync_tied_embedding();
+  group_.all_reduce(&loss, 1, DType::F64, comm::ReduceOp::Sum);  // only the last stage adds
+  return loss / m;
+}
+
+double Executor::evaluate(const std::vector<MicroBatch>& batches, int B, int T) {
+  std::vector<Action> forwards;
+  for (int k = 0; k < static_cast<int>(batches.size()); k++)
+    for (int s = 0; s < schedule_.stages; s++)
+      if (stage_of_[s]) forwards.push_back({s, Op::F, k});
+  double loss = run_actions(forwards, batches, B, T, false);
+  group_.all_reduce(&loss, 1, DType::F64, comm::ReduceOp::Sum);
+  return loss / static_cast<double>(batches.size());
+}
+
+double Executor::run_actions(const std::vector<Action>& actions, const std::vector<MicroBatch>& batches, int B, int T,
+                             bool training) {
+  const int me = group_.rank(), S = schedule_.stages;
+  const int m = static_cast<int>(batches.size());
   const int64_t N = static_cast<int64_t>(B) * T;
   int C = 0;
   for (model::GPT* g : stage_of_)
@@ -162,6 +181,10 @@ double Executor::run_step(const std::vector<MicroBatch>& batches, int B, int T) 
                                            B, T, 1.0f / static_cast<float>(m));
         if (last) loss_sum += loss;
         if (!last) deliver({a.stage, a.micro, false}, g.stage_output(slot), a.stage + 1);
+        if (!training) {
+          g.release(slot);
+          free_slots[a.stage].push_back(slot);
+        }
       } else {
         const int slot = slot_of[a.stage][a.micro];
         if (a.op != Op::W && a.stage < S - 1) g.set_stage_output_grad(slot, in.data());
@@ -178,10 +201,7 @@ double Executor::run_step(const std::vector<MicroBatch>& batches, int B, int T) 
     }
   }
   for (Pending& p : sends) p.work->wait();
-  sync_tied_embedding();
-  double loss = loss_sum;
-  group_.all_reduce(&loss, 1, DType::F64, comm::ReduceOp::Sum);  // only the last stage adds
-  return loss / m;
+  return loss_sum;
 }
 
 // Makes every gradient of the embedding group exist (a stage that never

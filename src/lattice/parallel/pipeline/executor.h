@@ -58,6 +58,10 @@ class Executor {
   // of B × T tokens). Gradients accumulate into the stage models' groups
   // (the caller zeroes them before). Returns the step's mean loss, on every rank.
   double run_step(const std::vector<MicroBatch>& batches, int B, int T);
+  // Mean loss of `batches` without a backward (evaluation): every rank runs
+  // the forwards of its stages micro-batch by micro-batch, as GPipe's fill
+  // does, and drops each activation slot once its output has gone on.
+  double evaluate(const std::vector<MicroBatch>& batches, int B, int T);
 
   // Σ g² over every parameter of the pipeline, the tied embedding counted
   // once (all-reduced over the group, so every rank gets it).
@@ -73,6 +77,11 @@ class Executor {
 
  private:
   struct Pending;
+  // Runs `actions` (this rank's, valid for the schedule's placement); with
+  // `training` false the list holds forwards only and each slot is dropped
+  // after its forward. Returns the sum of the last stage's losses.
+  double run_actions(const std::vector<Action>& actions, const std::vector<MicroBatch>& batches, int B, int T,
+                     bool training);
   model::GPT& stage_model(int stage);
   int tag(int stage, int micro, bool backward) const;
   void sync_tied_embedding();

@@ -1,0 +1,218 @@
+// The trainer under pipeline parallelism (parallel.pp > 1): this rank's stage
+// models (model::StageLayers, a balanced cut of the layers), one AdamW per
+// stage model, and the executor running the configured schedule
+// (parallel/pipeline/). Data parallelism, tensor parallelism and ZeRO do not
+// compose with it yet; the trainer refuses those layouts by name.
+#include <cmath>
+#include <cstring>
+
+#include "lattice/comm/process_mesh.h"
+#include "lattice/core/error.h"
+#include "lattice/io/file_util.h"
+#include "lattice/io/metrics.h"
+#include "lattice/io/safetensors.h"
+#include "lattice/parallel/data/data_parallel.h"
+#include "lattice/parallel/tensor/tensor_parallel.h"
+#include "lattice/optim/adamw.h"
+#include "lattice/parallel/pipeline/executor.h"
+#include "lattice/parallel/pipeline/partition.h"
+#include "lattice/parallel/pipeline/timeline.h"
+#include "lattice/train/model_io.h"
+#include "lattice/train/pipeline_state.h"
+#include "lattice/train/trainer.h"
+
+namespace lattice::train {
+
+
+model::GPT& Trainer::model() { return pipe_ ? *pipe_->models.front() : *model_; }
+
+optim::AdamW& Trainer::optimizer() { return pipe_ ? *pipe_->adams.front() : dp_->optimizer(); }
+
+Trainer::~Trainer() = default;
+
+void Trainer::pipeline_bubbles(double* measured, double* simulated) const {
+  *measured = pipe_->last_bubble;
+  *simulated = pipe_->last_simulated;
+}
+
+std::string Trainer::describe_pipeline() const {
+  const Pipeline& pp = *pipe_;
+  std::string out = "pipeline " + pp.schedule.name + " over " + std::to_string(pp.schedule.ranks) + " ranks, " +
+                    std::to_string(pp.schedule.stages) + " stages of layers";
+  for (const pipeline::ChunkLayers& c : pp.cut) out += " [" + std::to_string(c.first) + "," + std::to_string(c.last) + ")";
+  out += ", " + std::to_string(pp.schedule.micro_batches) + " micro-batches per step; simulated bubble at equal costs " +
+         std::to_string(pipeline::simulate(pp.schedule).bubble).substr(0, 5);
+  return out;
+}
+
+void Trainer::build_pipeline(uint64_t seed) {
+  const auto& p = config_.parallel;
+  LATTICE_CHECK(p.dp == 1 && p.tp == 1, "parallel.pp=" << p.pp << " with parallel.dp=" << p.dp << " and parallel.tp="
+                                                       << p.tp << ": pipeline parallelism runs with dp=1 and tp=1 "
+                                                                  "so far (3D composition comes next)");
+  LATTICE_CHECK(p.zero_stage == 0 && config_.zero.offload == "none",
+                "parallel.pp=" << p.pp << ": ZeRO (parallel.zero_stage=" << p.zero_stage << ", zero.offload="
+                               << config_.zero.offload << ") does not compose with pipeline parallelism yet");
+  pipe_ = std::make_unique<Pipeline>();
+  Pipeline& pp = *pipe_;
+  const std::string& name = p.schedule;
+  if (name.rfind("csv:", 0) == 0) {
+    const std::string path = name.substr(4);
+    pp.schedule = pipeline::from_csv(io::read_whole_file(path, "parallel.schedule"), path);
+    LATTICE_CHECK(pp.schedule.ranks == p.pp, "parallel.schedule=" << name << " has " << pp.schedule.ranks
+                                                                  << " rows (ranks) but parallel.pp=" << p.pp);
+    LATTICE_CHECK(pp.schedule.micro_batches == micro_batches_,
+                  "parallel.schedule=" << name << " runs " << pp.schedule.micro_batches
+                                       << " micro-batches but a step has " << micro_batches_
+                                       << " (train.grad_accum_steps, or global_batch_size / micro_batch_size)");
+  } else {
+    pp.schedule = pipeline::make_schedule(name, p.pp, p.virtual_stages, micro_batches_);
+  }
+  pipeline::validate(pp.schedule);
+  const int S = pp.schedule.stages, T = config_.model.seq_len;
+  pp.cut = pipeline::balanced_partition(pipeline::layer_costs(model_config_, T), S);
+  const bool draw = config_.checkpoint.init_from.empty() && config_.checkpoint.resume.empty();
+  optim::AdamWConfig adam;
+  adam.beta1 = static_cast<float>(config_.optim.beta1);
+  adam.beta2 = static_cast<float>(config_.optim.beta2);
+  adam.eps = static_cast<float>(config_.optim.eps);
+  adam.weight_decay = static_cast<float>(config_.optim.weight_decay);
+  std::vector<model::GPT*> mine;
+  for (int s = 0; s < S; s++) {
+    if (pp.schedule.rank_of_stage[s] != mesh_->coord().pp) continue;
+    const model::StageLayers layers{pp.cut[s].first, pp.cut[s].last};
+    pp.models.push_back(draw ? std::make_unique<model::GPT>(model_config_, seed, nullptr, layers)
+                             : std::make_unique<model::GPT>(model_config_, model::GPT::NoInit{}, nullptr, layers));
+    pp.model_stage.push_back(s);
+    pp.adams.push_back(std::make_unique<optim::AdamW>(pp.models.back()->groups(), adam));
+    mine.push_back(pp.models.back().get());
+  }
+  pp.whole = std::make_unique<model::GPT>(model_config_, model::GPT::Unallocated{});
+  pp.executor = std::make_unique<pipeline::Executor>(pp.schedule, mine, mesh_->pp());
+  if (!config_.checkpoint.init_from.empty()) {
+    io::SafeTensorsReader file(config_.checkpoint.init_from);
+    const HfSource src = safetensors_source(file, config_.checkpoint.init_from);
+    for (auto& m : pp.models)
+      for (model::ParamGroup& g : m->groups()) import_hf_group(g, g.data(), src);
+  }
+  const size_t n = static_cast<size_t>(config_.train.micro_batch_size) * T;
+  pp.inputs.assign(static_cast<size_t>(micro_batches_), std::vector<int32_t>(n));
+  pp.targets.assign(static_cast<size_t>(micro_batches_), std::vector<int32_t>(n));
+}
+
+double Trainer::pipeline_step(double* norm_out) {
+  Pipeline& pp = *pipe_;
+  const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
+  for (auto& m : pp.models) m->zero_grad();
+  std::vector<pipeline::MicroBatch> batches;
+  for (int k = 0; k < micro_batches_; k++) {
+    train_data_->next(pp.inputs[k].data(), pp.targets[k].data());  // every stage reads the step's batch alike
+    batches.push_back({pp.inputs[k].data(), pp.targets[k].data()});
+  }
+  const double loss = pp.executor->run_step(batches, B, T);
+  const double norm = std::sqrt(pp.executor->grad_sum_squares());
+  const float lr = optim::lr_at(step_, config_.train.steps, config_.optim.warmup_steps,
+                                static_cast<float>(config_.optim.lr), static_cast<float>(config_.optim.min_lr));
+  LATTICE_CHECK(std::isfinite(loss) && std::isfinite(norm),
+                "step " << step_ + 1 << ": loss " << loss << ", grad norm " << norm
+                        << " is not finite; lower optim.lr or check the data");
+  for (auto& a : pp.adams) a->step(lr, optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)));
+  // The measured bubble beside the simulator's, fed this step's mean action costs.
+  const auto timelines = pp.executor->gather_timelines();
+  double sum[3] = {0, 0, 0}, count[3] = {0, 0, 0};
+  for (const auto& row : timelines)
+    for (const pipeline::Interval& iv : row) {
+      const int k = iv.action.op == pipeline::Op::F ? 0 : iv.action.op == pipeline::Op::W ? 2 : 1;
+      // A full B counts as one I plus one W of equal shares.
+      const double d = iv.end - iv.start;
+      if (iv.action.op == pipeline::Op::B) {
+        sum[1] += d / 2, count[1]++, sum[2] += d / 2, count[2]++;
+      } else {
+        sum[k] += d, count[k]++;
+      }
+    }
+  pipeline::Costs costs;
+  costs.forward = count[0] ? sum[0] / count[0] : 1;
+  costs.backward_input = count[1] ? sum[1] / count[1] : 1;
+  costs.backward_weight = count[2] ? sum[2] / count[2] : 1;
+  pp.last_bubble = pipeline::bubble_of(timelines);
+  pp.last_simulated = pipeline::simulate(pp.schedule, costs).bubble;
+  *norm_out = norm;
+  return loss;
+}
+
+double Trainer::pipeline_evaluate() {
+  Pipeline& pp = *pipe_;
+  const int B = config_.train.micro_batch_size;
+  std::vector<pipeline::MicroBatch> batches;
+  std::vector<std::vector<int32_t>> in, tg;
+  double sum = 0;
+  val_data_->reset();
+  for (int i = 0; i < config_.train.eval_steps; i++) {
+    in.assign(static_cast<size_t>(micro_batches_), std::vector<int32_t>(pp.inputs[0].size()));
+    tg = in;
+    batches.clear();
+    for (int k = 0; k < micro_batches_; k++) {
+      val_data_->next(in[k].data(), tg[k].data());
+      batches.push_back({in[k].data(), tg[k].data()});
+    }
+    sum += pp.executor->evaluate(batches, B, config_.model.seq_len);
+  }
+  return sum / config_.train.eval_steps;
+}
+
+// The whole model's group g is held by the rank of the stage that runs it
+// (the embedding: the first stage's copy); it sends the tensors to the world's root.
+std::vector<HfTensor> Trainer::pipeline_group_tensors(size_t g, ModelBuffer which, bool all_ranks) {
+  Pipeline& pp = *pipe_;
+  const model::ParamGroup& shape = pp.whole->groups()[g];
+  // Which stage holds it.
+  int stage = 0;
+  if (shape.name() == "ln_f") {
+    stage = pp.schedule.stages - 1;
+  } else if (shape.name() != "embedding") {
+    const int layer = std::stoi(shape.name().substr(2));
+    for (int s = 0; s < pp.schedule.stages; s++)
+      if (pp.cut[s].first <= layer && layer < pp.cut[s].last) stage = s;
+  }
+  const int owner = pp.schedule.rank_of_stage[stage], me = mesh_->coord().pp;
+  std::vector<float> buffer(static_cast<size_t>(shape.numel()));
+  if (me == owner) {
+    for (size_t j = 0; j < pp.models.size(); j++) {
+      if (pp.model_stage[j] != stage) continue;
+      model::GPT& m = *pp.models[j];
+      for (size_t i = 0; i < m.groups().size(); i++) {
+        if (m.groups()[i].name() != shape.name()) continue;
+        const float* src = which == ModelBuffer::Params  ? m.groups()[i].data()
+                           : which == ModelBuffer::AdamM ? pp.adams[j]->m(i)
+                                                         : pp.adams[j]->v(i);
+        std::memcpy(buffer.data(), src, buffer.size() * sizeof(float));
+      }
+    }
+  }
+  if (all_ranks) {
+    mesh_->pp().broadcast(buffer.data(), buffer.size(), DType::F32, owner);
+    return export_hf_group(shape, buffer.data());
+  }
+  if (owner != 0) {
+    if (me == owner) mesh_->pp().send(buffer.data(), buffer.size(), DType::F32, 0, 7);
+    if (me == 0) mesh_->pp().recv(buffer.data(), buffer.size(), DType::F32, owner, 7);
+  }
+  if (!is_root_) return {};
+  return export_hf_group(shape, buffer.data());
+}
+
+void Trainer::load_pipeline_state(const HfSource sources[3]) {
+  Pipeline& pp = *pipe_;
+  for (size_t j = 0; j < pp.models.size(); j++) {
+    model::GPT& m = *pp.models[j];
+    for (size_t i = 0; i < m.groups().size(); i++) {
+      model::ParamGroup& g = m.groups()[i];
+      import_hf_group(g, g.data(), sources[0]);
+      import_hf_group(g, pp.adams[j]->m(i), sources[1]);
+      import_hf_group(g, pp.adams[j]->v(i), sources[2]);
+    }
+  }
+}
+
+}  // namespace lattice::train
