@@ -38,31 +38,13 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 source bench/common.sh
-PYTHON=${PYTHON:-/usr/bin/python3}
-LATTICE_BIN=${LATTICE_BIN:-build/lattice}
-ROWS_FILTER=""
-STEPS=""
-WARMUP=""
-QUICK=0
-REPEAT=1
-OUT=""
-BIND_TO=core
-TIMEOUT=1800
+common_defaults
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --quick) QUICK=1 ;;
-    --rows) need "$@"; ROWS_FILTER="$2"; shift ;;
-    --steps) need "$@"; STEPS="$2"; shift ;;
-    --warmup) need "$@"; WARMUP="$2"; shift ;;
-    --repeat) need "$@"; REPEAT="$2"; shift ;;
-    --out) need "$@"; OUT="$2"; shift ;;
-    --bind-to) need "$@"; BIND_TO="$2"; shift ;;
-    --timeout) need "$@"; TIMEOUT="$2"; shift ;;
-    -h|--help) usage; exit 0 ;;
-    *) echo "compare_tp.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    *) common_option "$@" || { echo "$BENCH_NAME: unknown option '$1' (see --help)" >&2; exit 2; }
+       shift "$COMMON_SHIFT" ;;
   esac
-  shift
 done
 posint --repeat "$REPEAT"
 posint --timeout "$TIMEOUT"
@@ -124,53 +106,22 @@ for run in $(seq 1 "$REPEAT"); do
       fi
     fi
     echo "== $name (${ranks}x$threads)$([[ $REPEAT -gt 1 ]] && echo " run $run/$REPEAT" || true)" >&2
-    rc=0
-    timeout --kill-after=10 "$TIMEOUT" "${cmd[@]}" > "$work/stdout" 2> "$work/stderr" || rc=$?
-    js=$(json_line < "$work/stdout")
-    if [[ -z "$js" ]]; then
-      echo "   failed (exit $rc): $(grep -v '^[[:space:]]*$' "$work/stderr" | tail -n 1)" >&2
-      js='{"impl":"lattice","failed":true}'
-    fi
-    printf '%s\t%s\t%s\n' "$name" "$run" "$js" >> "$results"
+    time_row "$name" "$run" "$results" "${cmd[@]}"
   done
 done
 
-if [[ -n "$OUT" ]]; then
-  "$PYTHON" - "$results" "$OUT" <<'EOF'
-import json, sys
-with open(sys.argv[1]) as f, open(sys.argv[2], "a") as out:
-    for line in f:
-        row, run, js = line.rstrip("\n").split("\t", 2)
-        d = json.loads(js)
-        d.update({"row": row, "run": int(run)})
-        out.write(json.dumps(d) + "\n")
-EOF
-fi
+if [[ -n "$OUT" ]]; then write_jsonl "$results" "$OUT"; fi
 
 "$PYTHON" - "$results" "$STEPS" "$WARMUP" "$REPEAT" "$MODEL" "$BIND_TO" "$CORES" "$QUICK" <<'EOF'
 import json, sys
 path, steps, warmup, repeat, model, bind_to, cores, quick = sys.argv[1:9]
 L, H, C, V, T, B = (int(x) for x in model.split())
 cores, repeat = int(cores), int(repeat)
-runs, order, peak = {}, [], None
-for line in open(path):
-    row, run, js = line.rstrip("\n").split("\t", 2)
-    d = json.loads(js)
-    if row == "_peak":
-        peak = d
-        continue
-    runs.setdefault(row, []).append(d)
-    if row not in order:
-        order.append(row)
-
-def tps(d):
-    return d.get("tokens_per_sec") if d and not d.get("failed") else None
-
-def best(row):
-    ok = [d for d in runs.get(row, []) if tps(d)]
-    if not ok:
-        return None, None
-    return max(ok, key=tps), (min(map(tps, ok)), max(map(tps, ok)))
+sys.path.insert(0, "bench")
+from rows import Rows
+results = Rows(path)
+runs, order, peak = results.runs, results.order, results.peak
+tps, best = Rows.tps, results.best_and_range
 
 def mib(x):
     return f"{x / 2**20:8.1f}" if x else "     n/a"

@@ -170,6 +170,8 @@ TEST(Config, WrongTypesAndRanges) {
                         "parallel.schedule=\"gpipe\" applies to pipeline parallelism: set parallel.pp > 1");
   EXPECT_ERROR_CONTAINS(parse("", {"parallel.virtual_stages=2"}),
                         "parallel.virtual_stages=2 applies to pipeline parallelism");
+  EXPECT_ERROR_CONTAINS(parse("", {"log.trace_file=t.json"}),
+                        "log.trace_file=\"t.json\" records the pipeline's timeline: it needs parallel.pp > 1");
   EXPECT_ERROR_CONTAINS(parse("", {"precision.loss_scale=-4"}),
                         "precision.loss_scale must be \"dynamic\" or a number > 0, got -4");
   EXPECT_ERROR_CONTAINS(parse("", {"precision.loss_scale=auto"}),

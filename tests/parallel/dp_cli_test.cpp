@@ -174,7 +174,7 @@ TEST(DataParallelJob, StopSignalOnOneRankStopsEveryRankAtTheSameStep) {
 // Runs dp_fault_program in `mode` on 2 ranks: rank 1 throws mid-backward
 // while rank 0 waits for it in a collective. The job ends within seconds,
 // non-zero, naming the rank and the cause.
-void expect_injected_failure_ends_the_job(const std::string& mode) {
+void expect_injected_failure_ends_the_job(const std::string& mode, const std::string& where = "rank 1: ") {
   const fs::path dir = scratch(mode);
   Child job = spawn("env LATTICE_COMM_TIMEOUT_S=600 " + mpiexec(2) + LATTICE_DP_FAULT_PROGRAM + " " + mode,
                     dir / "job.log");
@@ -183,7 +183,7 @@ void expect_injected_failure_ends_the_job(const std::string& mode) {
   EXPECT_NE(job.status, 0) << out;
   EXPECT_NE(job.status, 124) << "the job hung\n" << out;
   EXPECT_LT(job.seconds, 30) << out;
-  EXPECT_TRUE(contains(out, "rank 1: injected failure in the backward of block 0 at step 2")) << out;
+  EXPECT_TRUE(contains(out, where + "injected failure in the backward of block 0 at step 2")) << out;
   EXPECT_FALSE(contains(out, "finished without the injected failure")) << out;
 }
 
@@ -194,6 +194,12 @@ TEST(DataParallelJob, AnExceptionMidBackwardEndsTheJob) { expect_injected_failur
 // collective the failed rank never joins.
 TEST(DataParallelJob, AnExceptionMidBackwardEndsATensorParallelJob) {
   expect_injected_failure_ends_the_job("throw-mid-backward-tp");
+}
+
+// Under pipeline parallelism rank 0 waits for the gradient the failed last
+// stage would send; the message names the rank and the action.
+TEST(DataParallelJob, AnExceptionMidScheduleEndsAPipelineJob) {
+  expect_injected_failure_ends_the_job("throw-mid-pipeline", "rank 1: pipeline rank 1 action 2 '1B0': ");
 }
 
 // SIGKILL of one rank of a tp=2 job ends it within seconds.

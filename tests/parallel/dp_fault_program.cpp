@@ -9,6 +9,8 @@
 // rank 1's message within seconds (run_guarded aborts it), not hang.
 // throw-mid-backward-tp: the same at tp=2 with sequence parallelism, where
 // rank 0 waits inside the backward itself, in a TP collective of block 0.
+// throw-mid-pipeline: pp=2 with 1F1B, rank 1 (the last stage) throws in a
+// backward of step 2 while rank 0 waits for the gradient it would send.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -24,20 +26,27 @@ using namespace lattice;
 namespace {
 
 // Forwards to the trainer's hooks, and throws once on one rank.
+// `inner` may be null (no data parallelism to forward to: the pipeline path).
 class ThrowingHooks final : public model::GroupHooks {
  public:
-  ThrowingHooks(model::GroupHooks& inner, const train::Trainer& trainer) : inner_(inner), trainer_(trainer) {}
+  ThrowingHooks(model::GroupHooks* inner, const train::Trainer& trainer) : inner_(inner), trainer_(trainer) {}
   void before_params(size_t g, Pass pass) override {
     if (comm::world_rank() == 1 && trainer_.step() == 1 && pass == Pass::Backward && g == 1)
       LATTICE_FAIL("injected failure in the backward of block 0 at step 2");
-    inner_.before_params(g, pass);
+    if (inner_) inner_->before_params(g, pass);
   }
-  void after_params(size_t g, Pass pass) override { inner_.after_params(g, pass); }
-  void before_grads(size_t g) override { inner_.before_grads(g); }
-  void grads_done(size_t g) override { inner_.grads_done(g); }
+  void after_params(size_t g, Pass pass) override {
+    if (inner_) inner_->after_params(g, pass);
+  }
+  void before_grads(size_t g) override {
+    if (inner_) inner_->before_grads(g);
+  }
+  void grads_done(size_t g) override {
+    if (inner_) inner_->grads_done(g);
+  }
 
  private:
-  model::GroupHooks& inner_;
+  model::GroupHooks* inner_;
   const train::Trainer& trainer_;
 };
 
@@ -46,8 +55,9 @@ class ThrowingHooks final : public model::GroupHooks {
 int main(int argc, char** argv) {
   return comm::run_guarded(argc, argv, [&] {
     const bool tp = argc == 2 && std::strcmp(argv[1], "throw-mid-backward-tp") == 0;
-    LATTICE_CHECK(argc == 2 && (tp || std::strcmp(argv[1], "throw-mid-backward") == 0),
-                  "usage: dp_fault_program throw-mid-backward | throw-mid-backward-tp");
+    const bool pp = argc == 2 && std::strcmp(argv[1], "throw-mid-pipeline") == 0;
+    LATTICE_CHECK(argc == 2 && (tp || pp || std::strcmp(argv[1], "throw-mid-backward") == 0),
+                  "usage: dp_fault_program throw-mid-backward | throw-mid-backward-tp | throw-mid-pipeline");
     io::RunConfig c;
     c.model.n_layer = 2;
     c.model.n_head = 2;
@@ -57,12 +67,14 @@ int main(int argc, char** argv) {
     c.train.micro_batch_size = 2;
     c.train.threads = 1;
     c.train.steps = 5;
-    c.parallel.dp = tp ? 1 : comm::world_size();
+    c.parallel.dp = tp || pp ? 1 : comm::world_size();
     c.parallel.tp = tp ? comm::world_size() : 1;
     c.parallel.sequence_parallel = tp;
+    c.parallel.pp = pp ? comm::world_size() : 1;
+    if (pp) c.train.grad_accum_steps = 4;
     c.parallel.bucket_mb = 0.01;
     train::Trainer t(c, train::TrainerOptions{false});
-    ThrowingHooks hooks(t.data_parallel(), t);
+    ThrowingHooks hooks(pp ? nullptr : &t.data_parallel(), t);
     t.model().set_hooks(&hooks);
     for (int s = 0; s < 5; s++) t.train_step();
     std::printf("rank %d: finished without the injected failure\n", comm::world_rank());

@@ -69,8 +69,8 @@ inline void expect_same_run(const RunResult& got, const RunResult& want, const s
       if (d > worst) worst = d, where = want.params[p].name;
     }
   }
-  EXPECT_LE(worst, 1e-4) << what << ": largest parameter difference (in " << where << ") after "
-                         << want.losses.size() << " steps";
+  EXPECT_LE(worst, 1e-4) << what << ": largest parameter difference (in " << where << ") after " << want.losses.size()
+                         << " steps";
 }
 
 // The val loss (train.eval_steps batches) before training and after `steps`

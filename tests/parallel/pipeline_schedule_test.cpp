@@ -26,9 +26,9 @@ std::string error_of(const std::function<void()>& fn) {
   return "";
 }
 
-#define EXPECT_ERROR_HAS(stmt, piece)                                \
-  do {                                                               \
-    const std::string msg_ = error_of([&] { stmt; });                \
+#define EXPECT_ERROR_HAS(stmt, piece)                                      \
+  do {                                                                     \
+    const std::string msg_ = error_of([&] { stmt; });                      \
     EXPECT_NE(msg_.find(piece), std::string::npos) << "message: " << msg_; \
   } while (0)
 
@@ -39,7 +39,8 @@ TEST(PipelineSchedule, EveryGeneratedListIsValid) {
       EXPECT_NO_THROW(validate(one_f_one_b(p, m))) << "1f1b p=" << p << " m=" << m;
       EXPECT_NO_THROW(validate(zb_h1(p, m))) << "zb-h1 p=" << p << " m=" << m;
       if (m % p == 0)
-        for (int v : {2, 3, 4}) EXPECT_NO_THROW(validate(interleaved_1f1b(p, v, m))) << "interleaved p=" << p << " v=" << v << " m=" << m;
+        for (int v : {2, 3, 4})
+          EXPECT_NO_THROW(validate(interleaved_1f1b(p, v, m))) << "interleaved p=" << p << " v=" << v << " m=" << m;
     }
 }
 
@@ -93,7 +94,8 @@ TEST(PipelineSchedule, PeakInFlightMicroBatches) {
 Schedule csv(const std::string& text) { return from_csv(text, "test.csv"); }
 
 TEST(PipelineSchedule, CsvRoundTripIsIdentity) {
-  for (const Schedule& s : {gpipe(4, 8), one_f_one_b(3, 7), zb_h1(4, 8), interleaved_1f1b(4, 2, 8), interleaved_1f1b(2, 3, 4)}) {
+  for (const Schedule& s :
+       {gpipe(4, 8), one_f_one_b(3, 7), zb_h1(4, 8), interleaved_1f1b(4, 2, 8), interleaved_1f1b(2, 3, 4)}) {
     const Schedule back = from_csv(to_csv(s), "round trip");
     EXPECT_EQ(back.actions, s.actions) << s.name;
     EXPECT_EQ(back.rank_of_stage, s.rank_of_stage) << s.name;

@@ -15,16 +15,16 @@
 #include <string>
 #include <vector>
 
+#include "equivalence.h"
 #include "lattice/core/error.h"
 #include "lattice/core/threads.h"
 #include "lattice/io/config.h"
-#include "lattice/train/trainer.h"
 #include "lattice/model/gpt.h"
 #include "lattice/optim/adamw.h"
 #include "lattice/parallel/pipeline/executor.h"
 #include "lattice/parallel/pipeline/partition.h"
 #include "lattice/parallel/pipeline/timeline.h"
-#include "equivalence.h"
+#include "lattice/train/trainer.h"
 #include "mpi_ranks.h"
 
 using namespace lattice;
@@ -85,7 +85,8 @@ PipeRun one_process(int layers, int m) {
 }
 
 // The pipeline: stage s runs chunk s of the balanced partition, on the rank the schedule places it.
-PipeRun pipelined(const Schedule& s, int layers, comm::Communicator& group, std::vector<std::vector<Interval>>* timeline) {
+PipeRun pipelined(const Schedule& s, int layers, comm::Communicator& group,
+                  std::vector<std::vector<Interval>>* timeline) {
   const model::ModelConfig c = tiny(layers);
   const std::vector<ChunkLayers> cut = balanced_partition(layer_costs(c, T), s.stages);
   std::vector<std::unique_ptr<model::GPT>> models;

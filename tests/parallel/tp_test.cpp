@@ -19,15 +19,16 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "equivalence.h"
 #include "lattice/comm/mpi_communicator.h"
 #include "lattice/comm/process_mesh.h"
 #include "lattice/comm/runtime.h"
@@ -43,7 +44,6 @@
 #include "lattice/train/checkpointing.h"
 #include "lattice/train/model_io.h"
 #include "lattice/train/trainer.h"
-#include "equivalence.h"
 #include "mpi_ranks.h"
 
 using namespace lattice;
@@ -106,7 +106,8 @@ void check_mlp(comm::Communicator& group, bool sp) {
   k::linear_backward_weight(dA.data(), da.data(), dh.data(), x.data(), N, C, F, false);
 
   // This rank's slices: A's rows [r·Fl, (r+1)·Fl) and the same columns of B.
-  std::vector<float> Al(A.begin() + r * Fl * C, A.begin() + (r + 1) * Fl * C), al(a.begin() + r * Fl, a.begin() + (r + 1) * Fl);
+  std::vector<float> Al(A.begin() + r * Fl * C, A.begin() + (r + 1) * Fl * C),
+      al(a.begin() + r * Fl, a.begin() + (r + 1) * Fl);
   std::vector<float> Bl(C * Fl);
   for (int o = 0; o < C; o++)
     for (int i = 0; i < Fl; i++) Bl[o * Fl + i] = B[o * F + r * Fl + i];
@@ -115,15 +116,17 @@ void check_mlp(comm::Communicator& group, bool sp) {
   std::vector<float> work(N * C), hl(N * Fl), gl(N * Fl), yl(N * C), partial(N * C);
   const float* xin = x.data() + first * C;  // this rank's rows (all of them without SP)
   const std::string what = "t=" + std::to_string(t) + (sp ? " SP" : "");
-  const float* whole = tensor::ColumnParallelLinear(&tp, C, Fl).forward(hl.data(), xin, work.data(), Al.data(), al.data(), N);
+  const float* whole =
+      tensor::ColumnParallelLinear(&tp, C, Fl).forward(hl.data(), xin, work.data(), Al.data(), al.data(), N);
   k::gelu_forward(gl.data(), hl.data(), N * Fl);
-  tensor::RowParallelLinear(&tp, Fl, C).forward(yl.data(), sp ? partial.data() : yl.data(), gl.data(), Bl.data(), b.data(), N);
+  tensor::RowParallelLinear(&tp, Fl, C)
+      .forward(yl.data(), sp ? partial.data() : yl.data(), gl.data(), Bl.data(), b.data(), N);
   expect_close(yl.data(), y.data() + first * C, R * C, 1e-5f, what + " y");
   // Backward: dy is this rank's rows too, at their place in a full buffer.
   std::vector<float> dyw(N * C, 0.0f), dgl(N * Fl), dhl(N * Fl), dxl(N * C), dAl(Fl * C), dal(Fl), dBl(C * Fl), dbl(C);
   std::copy(dy.begin() + first * C, dy.begin() + (first + R) * C, dyw.begin() + first * C);
-  const float* dy_whole =
-      tensor::RowParallelLinear(&tp, Fl, C).backward_input(dgl.data(), dyw.data() + first * C, dyw.data(), Bl.data(), N);
+  const float* dy_whole = tensor::RowParallelLinear(&tp, Fl, C)
+                              .backward_input(dgl.data(), dyw.data() + first * C, dyw.data(), Bl.data(), N);
   tensor::RowParallelLinear(&tp, Fl, C).backward_weight(dBl.data(), dbl.data(), dy_whole, gl.data(), N, false);
   k::gelu_backward(dhl.data(), hl.data(), dgl.data(), N * Fl);
   tensor::ColumnParallelLinear(&tp, C, Fl).backward_input(dxl.data(), dhl.data(), Al.data(), N);
@@ -184,17 +187,18 @@ void check_attention(comm::Communicator& group, bool sp) {
   tensor::TensorParallel tp(group, sp);
   const int64_t R = tp.local_rows(N), first = tp.first_row(N);
   std::vector<float> work(N * C), qkvl(N * 3 * A), attl(N * A), lsel(N * Hl), yl(N * C), partial(N * C);
-  const float* whole =
-      tensor::ColumnParallelLinear(&tp, C, 3 * A).forward(qkvl.data(), x.data() + first * C, work.data(), Wl.data(), bl.data(), N);
+  const float* whole = tensor::ColumnParallelLinear(&tp, C, 3 * A)
+                           .forward(qkvl.data(), x.data() + first * C, work.data(), Wl.data(), bl.data(), N);
   k::attention_forward(attl.data(), lsel.data(), qkvl.data(), B, T, A, Hl);
-  tensor::RowParallelLinear(&tp, A, C).forward(yl.data(), sp ? partial.data() : yl.data(), attl.data(), Pl.data(), pb.data(), N);
+  tensor::RowParallelLinear(&tp, A, C).forward(yl.data(), sp ? partial.data() : yl.data(), attl.data(), Pl.data(),
+                                               pb.data(), N);
   const std::string what = "attention t=" + std::to_string(t) + (sp ? " SP" : "");
   expect_close(yl.data(), y.data() + first * C, R * C, 1e-5f, what + " y");
   std::vector<float> dyw(N * C, 0.0f), dattl(N * A), dqkvl(N * 3 * A), dxl(N * C), dWl(3 * A * C), dbl(3 * A),
       dPl(C * A), dpbl(C);
   std::copy(dy.begin() + first * C, dy.begin() + (first + R) * C, dyw.begin() + first * C);
-  const float* dy_whole =
-      tensor::RowParallelLinear(&tp, A, C).backward_input(dattl.data(), dyw.data() + first * C, dyw.data(), Pl.data(), N);
+  const float* dy_whole = tensor::RowParallelLinear(&tp, A, C).backward_input(dattl.data(), dyw.data() + first * C,
+                                                                              dyw.data(), Pl.data(), N);
   tensor::RowParallelLinear(&tp, A, C).backward_weight(dPl.data(), dpbl.data(), dy_whole, attl.data(), N, false);
   k::attention_backward(dqkvl.data(), dattl.data(), qkvl.data(), attl.data(), lsel.data(), B, T, A, Hl);
   tensor::ColumnParallelLinear(&tp, C, 3 * A).backward_input(dxl.data(), dqkvl.data(), Wl.data(), N);
@@ -239,7 +243,8 @@ TEST(TensorParallelLayers, VocabularyParallelCrossEntropyMatchesTheWholeSoftmax)
     for (int64_t i = 0; i < N; i++)
       for (int j = 0; j < range.rows; j++) mine[i * range.rows + j] = logits[i * Vp + range.first + j];
     tensor::vocab_parallel_cross_entropy(&tp, mine.data(), losses.data(), targets.data(), N, range, true, 0.5f);
-    for (int64_t i = 0; i < N; i++) EXPECT_NEAR(losses[i], want_losses[i], 1e-5 * std::fabs(want_losses[i])) << "t=" << t;
+    for (int64_t i = 0; i < N; i++)
+      EXPECT_NEAR(losses[i], want_losses[i], 1e-5 * std::fabs(want_losses[i])) << "t=" << t;
     for (int64_t i = 0; i < N; i++)
       for (int j = 0; j < range.rows; j++)
         EXPECT_NEAR(mine[i * range.rows + j], want[i * Vp + range.first + j], 1e-6) << "t=" << t << " row " << i;
@@ -427,7 +432,9 @@ TEST(TensorParallel, DataTimesTensorParallelWithZeroTrainsTheOneProcessModel) {
 // Evaluation (no backward, no generation) under TP and SP is the one-process
 // mean loss over the same val batches, before and after training.
 TEST(TensorParallel, EvaluationMatchesOneProcess) {
-  const auto evaluate = [](const io::RunConfig& c, comm::Communicator& r) { return mpitest::eval_before_and_after(c, r); };
+  const auto evaluate = [](const io::RunConfig& c, comm::Communicator& r) {
+    return mpitest::eval_before_and_after(c, r);
+  };
   const std::vector<double> want = evaluate(layout(50257, 1, false), self());
   for (int t : {2, 4}) {
     if (t > world().size()) continue;
@@ -498,9 +505,9 @@ Sent one_micro_batch(comm::Communicator& group, bool sp, int L, int B, int T) {
   gpt.forward(0, in.data(), out.data(), B, T, 1.0f);
   gpt.backward(0);
   const comm::CommStats s = group.stats();
-  return {s.bytes(comm::CommOp::AllReduce), s.bytes(comm::CommOp::AllGather), s.bytes(comm::CommOp::ReduceScatter),
-          s.calls_of(comm::CommOp::AllReduce), s.calls_of(comm::CommOp::AllGather),
-          s.calls_of(comm::CommOp::ReduceScatter)};
+  return {s.bytes(comm::CommOp::AllReduce),     s.bytes(comm::CommOp::AllGather),
+          s.bytes(comm::CommOp::ReduceScatter), s.calls_of(comm::CommOp::AllReduce),
+          s.calls_of(comm::CommOp::AllGather),  s.calls_of(comm::CommOp::ReduceScatter)};
 }
 
 // Megatron's counts (Korthikanti et al. §4.2.2): per layer per micro-batch,

@@ -306,7 +306,6 @@ TEST(Trainer, RefusesMeshMismatchAndUnimplementedFeatures) {
       {[](io::RunConfig& c) { c.precision.loss_scale = 1024; }, "precision.loss_scale=1024.0"},
       {[](io::RunConfig& c) { c.compression.grad = "int8"; }, "compression.grad=\"int8\""},
       {[](io::RunConfig& c) { c.compression.topk_ratio = 0.5; }, "compression.topk_ratio=0.5"},
-      {[](io::RunConfig& c) { c.log.trace_file = "t.json"; }, "log.trace_file=\"t.json\""},
   };
   for (const auto& [set, piece] : pending) {
     io::RunConfig c = tiny_run();

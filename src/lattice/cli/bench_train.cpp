@@ -61,7 +61,7 @@ static int bench_train(const std::vector<std::string>& args) {
   train::Trainer trainer(cfg, train::TrainerOptions{false});
   for (long long i = 0; i < warmup; i++) trainer.train_step();
   std::vector<double> ms;
-  double comm_ms = 0, hidden = 0, tp_ms = 0;
+  double comm_ms = 0, hidden = 0, tp_ms = 0, bubble = 0, bubble_sim = 0;
   uint64_t comm_bytes = 0, tp_bytes = 0;
   Timer total;
   for (long long i = 0; i < steps; i++) {
@@ -69,9 +69,10 @@ static int bench_train(const std::vector<std::string>& args) {
     ms.push_back(st.step_ms);
     comm_ms += st.comm_ms, hidden += st.comm_hidden, comm_bytes += st.comm_bytes;
     tp_ms += st.tp_comm_ms, tp_bytes += st.tp_comm_bytes;
+    bubble += st.pp_bubble, bubble_sim += st.pp_bubble_simulated;
   }
   const double seconds = total.seconds();
-  const int ranks = trainer.mesh().world().size(), dp = trainer.data_parallel().ranks();
+  const int ranks = trainer.mesh().world().size(), dp = trainer.mesh().dp().size();
   const double tokens = static_cast<double>(io::global_batch_size(cfg)) * cfg.model.seq_len * steps;
   model::ModelConfig mc = trainer.model().config();
   const double tok_s = tokens / seconds;
@@ -93,7 +94,8 @@ static int bench_train(const std::vector<std::string>& args) {
         "\"comm_bytes_per_step\":%.0f,\"peak_mem_bytes\":%zu,\"params_bytes\":%zu,\"grads_bytes\":%zu,"
         "\"optimizer_bytes\":%zu,\"activations_bytes\":%zu,\"model_state_bytes\":%.0f,\"dp\":%d,\"tp\":%d,"
         "\"sequence_parallel\":%s,\"tp_comm_ms\":%.3f,\"tp_comm_bytes_per_step\":%.0f,"
-        "\"stored_activation_bytes\":%zu,\"cpu\":%s,\"isa\":\"%s\"}\n",
+        "\"stored_activation_bytes\":%zu,\"pp\":%d,\"schedule\":%s,\"micro_batches\":%d,\"pp_bubble\":%.4f,"
+        "\"pp_bubble_simulated\":%.4f,\"cpu\":%s,\"isa\":\"%s\"}\n",
         mc.n_layer, mc.n_head, mc.n_embd, mc.vocab_size, cfg.train.micro_batch_size, cfg.model.seq_len,
         num_threads(), ranks, cfg.parallel.zero_stage, cfg.zero.offload.c_str(), steps, tok_s, 1e3 * seconds / steps,
         ms[ms.size() / 2], flops, mfu, trainer.machine_peak().fp32_gflops_per_core, comm_ms / steps, hidden / steps,
@@ -101,7 +103,8 @@ static int bench_train(const std::vector<std::string>& args) {
         mem.peak(MemCategory::Grads), mem.peak(MemCategory::Optimizer), mem.peak(MemCategory::Activations),
         model_state, dp, cfg.parallel.tp, cfg.parallel.sequence_parallel ? "true" : "false", tp_ms / steps,
         static_cast<double>(tp_bytes) / steps,
-        trainer.model().stored_activation_bytes(cfg.train.micro_batch_size, cfg.model.seq_len),
+        trainer.model().stored_activation_bytes(cfg.train.micro_batch_size, cfg.model.seq_len), cfg.parallel.pp,
+        io::json_quote(cfg.parallel.schedule).c_str(), trainer.micro_batches(), bubble / steps, bubble_sim / steps,
         io::json_quote(cpu_info().model).c_str(), isa_name(active_isa()));
   } else {
     std::printf("model L=%d C=%d H=%d V=%d, batch %d x %d x %d micro-batches x %d dp ranks, %d threads per rank, "
@@ -113,6 +116,10 @@ static int bench_train(const std::vector<std::string>& args) {
     if (dp > 1)
       std::printf("  communication %.1f ms/step, %.0f%% hidden, %s sent per rank per step\n", comm_ms / steps,
                   100.0 * hidden / steps, format_bytes(static_cast<double>(comm_bytes) / steps).c_str());
+    if (cfg.parallel.pp > 1)
+      std::printf("  pipeline %s, %d micro-batches: measured bubble %.1f%%, simulated for the measured costs %.1f%%\n",
+                  cfg.parallel.schedule.c_str(), trainer.micro_batches(), 100.0 * bubble / steps,
+                  100.0 * bubble_sim / steps);
     if (cfg.parallel.tp > 1)
       std::printf("  tensor-parallel communication %.1f ms/step (%.0f%% of the step), %s sent per rank per step\n",
                   tp_ms / steps, 100.0 * tp_ms / (1e3 * seconds),

@@ -72,27 +72,32 @@ static int run_schedule(const std::vector<std::string>& args) {
       plot_out = flag_value(args, i++);
     } else {
       LATTICE_CHECK(a.rfind("-", 0) != 0, "lattice schedule: unknown option '" << a << "' (see --help)");
-      LATTICE_CHECK(what.empty(), "lattice schedule takes one NAME or FILE.csv, got '" << what << "' and '" << a << "'");
+      LATTICE_CHECK(what.empty(),
+                    "lattice schedule takes one NAME or FILE.csv, got '" << what << "' and '" << a << "'");
       what = a;
     }
   }
   LATTICE_CHECK(!what.empty(), "lattice schedule needs a NAME (gpipe, 1f1b, interleaved, zb-h1) or a FILE.csv");
   const bool from_file = what.size() > 4 && what.compare(what.size() - 4, 4, ".csv") == 0;
-  const pipeline::Schedule s =
-      from_file ? pipeline::from_csv(io::read_whole_file(what, "schedule"), what)
-                : pipeline::make_schedule(what, p, v > 0 ? v : what == "interleaved" ? 2 : 1, m);
+  const pipeline::Schedule s = from_file ? pipeline::from_csv(io::read_whole_file(what, "schedule"), what)
+                                         : pipeline::make_schedule(what, p,
+                                                                   v > 0                   ? v
+                                                                   : what == "interleaved" ? 2
+                                                                                           : 1,
+                                                                   m);
   const pipeline::Simulation sim = print_schedule_report(s, costs);
   if (!csv_out.empty()) {
     io::write_file_atomic(csv_out, pipeline::to_csv(s));
     std::printf("wrote %s\n", csv_out.c_str());
   }
   if (!trace_out.empty()) {
-    io::write_file_atomic(trace_out, pipeline::chrome_trace(sim.timeline, 1e-3, s.name + " (simulated, 1 unit = 1 ms)"));
+    io::write_file_atomic(trace_out,
+                          pipeline::chrome_trace(sim.timeline, 1e-3, s.name + " (simulated, 1 unit = 1 ms)"));
     std::printf("wrote %s\n", trace_out.c_str());
   }
   if (!plot_out.empty()) {
-    write_timeline_svg(plot_out, sim.timeline, s.name + " (simulated): bubble " + std::to_string(sim.bubble).substr(0, 6),
-                       "time (cost units)");
+    write_timeline_svg(plot_out, sim.timeline,
+                       s.name + " (simulated): bubble " + std::to_string(sim.bubble).substr(0, 6), "time (cost units)");
     std::printf("wrote %s\n", plot_out.c_str());
   }
   return 0;

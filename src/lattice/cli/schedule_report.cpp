@@ -55,13 +55,18 @@ void write_timeline_svg(const std::string& path, const std::vector<std::vector<I
       b.end = iv.end;
       b.label = std::to_string(iv.action.micro);
       // Okabe-Ito: forward blue; backward green (full) / vermillion (input); weight orange.
-      b.color = iv.action.op == Op::F ? "#0072B2" : iv.action.op == Op::B ? "#009E73" : iv.action.op == Op::I ? "#D55E00" : "#E69F00";
+      b.color = iv.action.op == Op::F   ? "#0072B2"
+                : iv.action.op == Op::B ? "#009E73"
+                : iv.action.op == Op::I ? "#D55E00"
+                                        : "#E69F00";
       boxes.push_back(b);
     }
   }
   io::write_file_atomic(path, io::svg_gantt(title, rows, boxes, x_label,
-                                            {{"#0072B2", "F forward"}, {"#009E73", "B backward"},
-                                             {"#D55E00", "I input backward"}, {"#E69F00", "W weight backward"}}));
+                                            {{"#0072B2", "F forward"},
+                                             {"#009E73", "B backward"},
+                                             {"#D55E00", "I input backward"},
+                                             {"#E69F00", "W weight backward"}}));
 }
 
 std::vector<std::vector<Interval>> read_chrome_trace(const std::string& path) {
@@ -75,9 +80,9 @@ std::vector<std::vector<Interval>> read_chrome_trace(const std::string& path) {
     const io::JsonValue* ph = e.find("ph");
     if (!ph || !ph->is_string() || ph->as_string() != "X") continue;
     const io::JsonValue *name = e.find("name"), *tid = e.find("tid"), *ts = e.find("ts"), *dur = e.find("dur");
-    LATTICE_CHECK(name && name->is_string() && tid && tid->is_number() && ts && ts->is_number() && dur &&
-                      dur->is_number(),
-                  path << ": event " << i << " lacks name, tid, ts or dur");
+    LATTICE_CHECK(
+        name && name->is_string() && tid && tid->is_number() && ts && ts->is_number() && dur && dur->is_number(),
+        path << ": event " << i << " lacks name, tid, ts or dur");
     const int rank = static_cast<int>(tid->as_double());
     LATTICE_CHECK(rank >= 0 && rank < 4096, path << ": event " << i << " has tid " << rank);
     if (static_cast<int>(timeline.size()) <= rank) timeline.resize(static_cast<size_t>(rank) + 1);

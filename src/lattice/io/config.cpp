@@ -208,7 +208,7 @@ const std::vector<Key>& keys() {
         key<&R::log, &LogSection::metrics_file>("log", "metrics_file", any(),
                                                 "append one JSON object per step to this file (empty = none)"),
         key<&R::log, &LogSection::trace_file>("log", "trace_file", any(),
-                                              "write a Chrome trace JSON of the run here (empty = none)"),
+                                              "write the pipeline timeline of the latest step here, Chrome trace JSON (needs parallel.pp > 1; empty = none)"),
     };
     return k;
   }();
@@ -604,7 +604,6 @@ const std::vector<std::pair<const char*, const char*>>& pending_keys() {
       {"compression.grad", "gradient compression"},
       {"compression.error_feedback", "gradient compression's error feedback"},
       {"compression.topk_ratio", "top-k gradient compression"},
-      {"log.trace_file", "the Chrome trace of a run (it comes with the pipeline timeline)"},
   };
   return pending;
 }
@@ -650,6 +649,9 @@ void check_cross_keys(const RunConfig& cfg) {
                                                   "csv:FILE)");
   }
   if (par.pp == 1) {
+    LATTICE_CHECK(cfg.log.trace_file.empty(), "log.trace_file=\"" << cfg.log.trace_file
+                                                                   << "\" records the pipeline's timeline: it needs "
+                                                                      "parallel.pp > 1");
     LATTICE_CHECK(par.schedule == "1f1b", "parallel.schedule=\"" << par.schedule
                                                                  << "\" applies to pipeline parallelism: set "
                                                                     "parallel.pp > 1, or leave it at \"1f1b\"");

@@ -16,13 +16,13 @@ namespace lattice::train {
 
 struct Trainer::Pipeline {
   pipeline::Schedule schedule;
-  std::vector<pipeline::ChunkLayers> cut;                 // layers of each stage
-  std::vector<std::unique_ptr<model::GPT>> models;        // this rank's stages, in stage order
-  std::vector<int> model_stage;                           // their stage indices
-  std::vector<std::unique_ptr<optim::AdamW>> adams;       // one per model
-  std::unique_ptr<model::GPT> whole;                      // the whole model, declared only (checkpoint layout)
+  std::vector<pipeline::ChunkLayers> cut;            // layers of each stage
+  std::vector<std::unique_ptr<model::GPT>> models;   // this rank's stages, in stage order
+  std::vector<int> model_stage;                      // their stage indices
+  std::vector<std::unique_ptr<optim::AdamW>> adams;  // one per model
+  std::unique_ptr<model::GPT> whole;                 // the whole model, declared only (checkpoint layout)
   std::unique_ptr<pipeline::Executor> executor;
-  std::vector<std::vector<int32_t>> inputs, targets;      // per micro-batch
+  std::vector<std::vector<int32_t>> inputs, targets;  // per micro-batch
   double last_bubble = -1, last_simulated = -1;
 };
 

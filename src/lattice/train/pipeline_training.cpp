@@ -11,18 +11,17 @@
 #include "lattice/io/file_util.h"
 #include "lattice/io/metrics.h"
 #include "lattice/io/safetensors.h"
-#include "lattice/parallel/data/data_parallel.h"
-#include "lattice/parallel/tensor/tensor_parallel.h"
 #include "lattice/optim/adamw.h"
+#include "lattice/parallel/data/data_parallel.h"
 #include "lattice/parallel/pipeline/executor.h"
 #include "lattice/parallel/pipeline/partition.h"
 #include "lattice/parallel/pipeline/timeline.h"
+#include "lattice/parallel/tensor/tensor_parallel.h"
 #include "lattice/train/model_io.h"
 #include "lattice/train/pipeline_state.h"
 #include "lattice/train/trainer.h"
 
 namespace lattice::train {
-
 
 model::GPT& Trainer::model() { return pipe_ ? *pipe_->models.front() : *model_; }
 
@@ -39,17 +38,20 @@ std::string Trainer::describe_pipeline() const {
   const Pipeline& pp = *pipe_;
   std::string out = "pipeline " + pp.schedule.name + " over " + std::to_string(pp.schedule.ranks) + " ranks, " +
                     std::to_string(pp.schedule.stages) + " stages of layers";
-  for (const pipeline::ChunkLayers& c : pp.cut) out += " [" + std::to_string(c.first) + "," + std::to_string(c.last) + ")";
-  out += ", " + std::to_string(pp.schedule.micro_batches) + " micro-batches per step; simulated bubble at equal costs " +
+  for (const pipeline::ChunkLayers& c : pp.cut)
+    out += " [" + std::to_string(c.first) + "," + std::to_string(c.last) + ")";
+  out += ", " + std::to_string(pp.schedule.micro_batches) +
+         " micro-batches per step; simulated bubble at equal costs " +
          std::to_string(pipeline::simulate(pp.schedule).bubble).substr(0, 5);
   return out;
 }
 
 void Trainer::build_pipeline(uint64_t seed) {
   const auto& p = config_.parallel;
-  LATTICE_CHECK(p.dp == 1 && p.tp == 1, "parallel.pp=" << p.pp << " with parallel.dp=" << p.dp << " and parallel.tp="
-                                                       << p.tp << ": pipeline parallelism runs with dp=1 and tp=1 "
-                                                                  "so far (3D composition comes next)");
+  LATTICE_CHECK(p.dp == 1 && p.tp == 1, "parallel.pp=" << p.pp << " with parallel.dp=" << p.dp
+                                                       << " and parallel.tp=" << p.tp
+                                                       << ": pipeline parallelism runs with dp=1 and tp=1 "
+                                                          "so far (3D composition comes next)");
   LATTICE_CHECK(p.zero_stage == 0 && config_.zero.offload == "none",
                 "parallel.pp=" << p.pp << ": ZeRO (parallel.zero_stage=" << p.zero_stage << ", zero.offload="
                                << config_.zero.offload << ") does not compose with pipeline parallelism yet");
@@ -136,6 +138,10 @@ double Trainer::pipeline_step(double* norm_out) {
   costs.backward_input = count[1] ? sum[1] / count[1] : 1;
   costs.backward_weight = count[2] ? sum[2] / count[2] : 1;
   pp.last_bubble = pipeline::bubble_of(timelines);
+  if (!config_.log.trace_file.empty() && is_root_)  // the latest step's timeline (Perfetto, chrome://tracing)
+    io::write_file_atomic(
+        config_.log.trace_file,
+        pipeline::chrome_trace(timelines, 1.0, "lattice step " + std::to_string(step_ + 1) + ", " + pp.schedule.name));
   pp.last_simulated = pipeline::simulate(pp.schedule, costs).bubble;
   *norm_out = norm;
   return loss;

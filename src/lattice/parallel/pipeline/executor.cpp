@@ -35,14 +35,14 @@ Executor::Executor(const Schedule& schedule, std::vector<model::GPT*> stages, co
   validate(schedule_);
   const int me = group.rank(), S = schedule_.stages;
   LATTICE_CHECK(group.size() == schedule_.ranks, "pipeline schedule " << schedule_.name << " has " << schedule_.ranks
-                                                                       << " ranks but the pipeline group has "
-                                                                       << group.size());
+                                                                      << " ranks but the pipeline group has "
+                                                                      << group.size());
   stage_of_.assign(static_cast<size_t>(S), nullptr);
   size_t j = 0;
   for (int s = 0; s < S; s++) {
     if (schedule_.rank_of_stage[s] != me) continue;
-    LATTICE_CHECK(j < stages.size(), "rank " << me << " holds more stages of schedule " << schedule_.name << " than the "
-                                             << stages.size() << " models it was given");
+    LATTICE_CHECK(j < stages.size(), "rank " << me << " holds more stages of schedule " << schedule_.name
+                                             << " than the " << stages.size() << " models it was given");
     model::GPT* m = stages[j++];
     LATTICE_CHECK(m->first_stage() == (s == 0) && m->last_stage() == (s == S - 1),
                   "stage " << s << " of " << S << " was given the model of layers [" << m->first_layer() << ", "
@@ -64,7 +64,8 @@ model::GPT& Executor::stage_model(int stage) {
 }
 
 int Executor::tag(int stage, int micro, bool backward) const {
-  const int64_t t = (static_cast<int64_t>(backward ? 1 : 0) * schedule_.stages + stage) * schedule_.micro_batches + micro;
+  const int64_t t =
+      (static_cast<int64_t>(backward ? 1 : 0) * schedule_.stages + stage) * schedule_.micro_batches + micro;
   LATTICE_CHECK(t < 32767, "pipeline: " << schedule_.stages << " stages x " << schedule_.micro_batches
                                         << " micro-batches need more message tags than MPI guarantees (32767)");
   return static_cast<int>(t);
@@ -72,8 +73,8 @@ int Executor::tag(int stage, int micro, bool backward) const {
 
 double Executor::run_step(const std::vector<MicroBatch>& batches, int B, int T) {
   const int m = schedule_.micro_batches;
-  LATTICE_CHECK(static_cast<int>(batches.size()) == m, "pipeline step: " << batches.size()
-                                                                         << " micro-batches for a schedule of " << m);
+  LATTICE_CHECK(static_cast<int>(batches.size()) == m,
+                "pipeline step: " << batches.size() << " micro-batches for a schedule of " << m);
   double loss = run_actions(schedule_.actions[group_.rank()], batches, B, T, true);
   sync_tied_embedding();
   group_.all_reduce(&loss, 1, DType::F64, comm::ReduceOp::Sum);  // only the last stage adds
@@ -158,8 +159,8 @@ double Executor::run_actions(const std::vector<Action>& actions, const std::vect
       if (needs(actions[j], &key)) post_receive(key);
     }
     model::GPT& g = stage_model(a.stage);
-    const std::string where = "rank " + std::to_string(me) + " action " + std::to_string(i + 1) + " '" +
-                              to_string(a) + "'";
+    const std::string where =
+        "rank " + std::to_string(me) + " action " + std::to_string(i + 1) + " '" + to_string(a) + "'";
     try {
       Key key;
       std::vector<float> in;
@@ -176,9 +177,9 @@ double Executor::run_actions(const std::vector<Action>& actions, const std::vect
         }
         slot_of[a.stage][a.micro] = slot;
         const bool last = a.stage == S - 1;
-        const float loss = g.forward_stage(slot, a.stage == 0 ? batches[a.micro].inputs : nullptr,
-                                           a.stage == 0 ? nullptr : in.data(), last ? batches[a.micro].targets : nullptr,
-                                           B, T, 1.0f / static_cast<float>(m));
+        const float loss =
+            g.forward_stage(slot, a.stage == 0 ? batches[a.micro].inputs : nullptr, a.stage == 0 ? nullptr : in.data(),
+                            last ? batches[a.micro].targets : nullptr, B, T, 1.0f / static_cast<float>(m));
         if (last) loss_sum += loss;
         if (!last) deliver({a.stage, a.micro, false}, g.stage_output(slot), a.stage + 1);
         if (!training) {
@@ -268,10 +269,10 @@ std::vector<std::vector<Interval>> Executor::gather_timelines() {
   size_t at = 0;
   for (int r = 0; r < n; r++)
     for (size_t k = 0; k < counts[r]; k += 5, at += 5)
-      out[r].push_back({{static_cast<int>(all[at]), static_cast<Op>(static_cast<int>(all[at + 1])),
-                         static_cast<int>(all[at + 2])},
-                        all[at + 3],
-                        all[at + 4]});
+      out[r].push_back(
+          {{static_cast<int>(all[at]), static_cast<Op>(static_cast<int>(all[at + 1])), static_cast<int>(all[at + 2])},
+           all[at + 3],
+           all[at + 4]});
   return out;
 }
 

@@ -88,7 +88,7 @@ class Executor {
 
   Schedule schedule_;
   comm::Communicator& group_;
-  std::vector<model::GPT*> stage_of_;  // by stage index: this rank's model, or null
+  std::vector<model::GPT*> stage_of_;                    // by stage index: this rank's model, or null
   std::unique_ptr<comm::Communicator> embedding_group_;  // first and last stage's ranks (if two)
   std::vector<Interval> timeline_;
 };

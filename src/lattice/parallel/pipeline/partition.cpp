@@ -13,20 +13,21 @@ std::vector<double> layer_costs(const model::ModelConfig& c, int T) {
   // of the forward): 2 FLOPs per multiply-add.
   const double C = c.n_embd, V = c.padded_vocab();
   std::vector<double> costs;
-  costs.push_back(3.0 * 2.0 * C);                     // the lookup: a row copy and add (tiny)
-  const double block = 3.0 * (2.0 * 12.0 * C * C      // c_attn 3C², c_proj C², c_fc 4C², c_proj 4C²
-                              + 2.0 * 2.0 * C * T);   // QKᵀ and PV (causal: counted whole, like MFU)
+  costs.push_back(3.0 * 2.0 * C);                    // the lookup: a row copy and add (tiny)
+  const double block = 3.0 * (2.0 * 12.0 * C * C     // c_attn 3C², c_proj C², c_fc 4C², c_proj 4C²
+                              + 2.0 * 2.0 * C * T);  // QKᵀ and PV (causal: counted whole, like MFU)
   for (int l = 0; l < c.n_layer; l++) costs.push_back(block);
-  costs.push_back(3.0 * 2.0 * C * V);                 // the tied head's GEMM (the loss is O(V))
+  costs.push_back(3.0 * 2.0 * C * V);  // the tied head's GEMM (the loss is O(V))
   return costs;
 }
 
 std::vector<ChunkLayers> balanced_partition(const std::vector<double>& costs, int chunks) {
   const int L = static_cast<int>(costs.size()) - 2;
   LATTICE_CHECK(L >= 1, "balanced_partition: needs the embedding's, at least one layer's and the head's costs");
-  LATTICE_CHECK(chunks >= 1 && chunks <= L, "parallel.pp x parallel.virtual_stages = " << chunks << " chunks for "
-                                                << L << " layers (model.n_layer): every chunk needs at least one "
-                                                   "layer; lower parallel.pp or parallel.virtual_stages");
+  LATTICE_CHECK(chunks >= 1 && chunks <= L,
+                "parallel.pp x parallel.virtual_stages = " << chunks << " chunks for " << L
+                                                           << " layers (model.n_layer): every chunk needs at least one "
+                                                              "layer; lower parallel.pp or parallel.virtual_stages");
   // prefix[i] = cost of layers [0, i), with the embedding on layer 0 and the head on layer L-1.
   std::vector<double> prefix(static_cast<size_t>(L) + 1, 0.0);
   for (int l = 0; l < L; l++)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <map>
 #include <sstream>
 
@@ -10,15 +11,10 @@
 
 namespace lattice::pipeline {
 
-char op_letter(Op op) {
-  switch (op) {
-    case Op::F: return 'F';
-    case Op::B: return 'B';
-    case Op::I: return 'I';
-    case Op::W: break;
-  }
-  return 'W';
-}
+// The letters of Op, in its order.
+static constexpr char kOpLetters[] = "FBIW";
+
+char op_letter(Op op) { return kOpLetters[static_cast<int>(op)]; }
 
 std::string to_string(const Action& a) { return std::to_string(a.stage) + op_letter(a.op) + std::to_string(a.micro); }
 
@@ -36,13 +32,9 @@ Action parse_action(std::string_view cell, const std::string& where) {
   Action a;
   bool ok = digits(&a.stage) && i < cell.size();
   if (ok) {
-    switch (cell[i++]) {
-      case 'F': a.op = Op::F; break;
-      case 'B': a.op = Op::B; break;
-      case 'I': a.op = Op::I; break;
-      case 'W': a.op = Op::W; break;
-      default: ok = false;
-    }
+    const char* letter = std::strchr(kOpLetters, cell[i++]);
+    ok = letter && *letter != '\0';
+    if (ok) a.op = static_cast<Op>(letter - kOpLetters);
   }
   ok = ok && digits(&a.micro) && i == cell.size();
   LATTICE_CHECK(ok, where << ": '" << std::string(cell)
@@ -99,10 +91,10 @@ Schedule one_f_one_b(int p, int m) {
 
 Schedule interleaved_1f1b(int p, int v, int m) {
   check_sizes("interleaved", p, v, m);
-  LATTICE_CHECK(v >= 2, "interleaved schedule: needs parallel.virtual_stages >= 2 chunks per rank, got " << v
-                                                                                                        << " (1 is 1f1b)");
-  LATTICE_CHECK(m % p == 0, "interleaved schedule: the micro-batches per step (" << m
-                                << ") must be a multiple of parallel.pp=" << p
+  LATTICE_CHECK(
+      v >= 2, "interleaved schedule: needs parallel.virtual_stages >= 2 chunks per rank, got " << v << " (1 is 1f1b)");
+  LATTICE_CHECK(m % p == 0, "interleaved schedule: the micro-batches per step ("
+                                << m << ") must be a multiple of parallel.pp=" << p
                                 << " (the schedule runs them in groups of p per chunk)");
   Schedule s = empty_schedule("interleaved", p, v, m);
   const int total = m * v;  // chunk-micro-batches per rank
@@ -158,8 +150,9 @@ Schedule make_schedule(const std::string& name, int p, int v, int m) {
     return name == "gpipe" ? gpipe(p, m) : name == "1f1b" ? one_f_one_b(p, m) : zb_h1(p, m);
   }
   if (name == "interleaved") return interleaved_1f1b(p, v, m);
-  LATTICE_CHECK(name != "zb-v", "schedule 'zb-v': the V-shaped zero-bubble schedule is not generated yet; use "
-                                "gpipe, 1f1b, interleaved or zb-h1, or write one as a CSV");
+  LATTICE_CHECK(name != "zb-v",
+                "schedule 'zb-v': the V-shaped zero-bubble schedule is not generated yet; use "
+                "gpipe, 1f1b, interleaved or zb-h1, or write one as a CSV");
   LATTICE_FAIL("unknown pipeline schedule '" << name << "' (known: gpipe, 1f1b, interleaved, zb-h1)");
 }
 
@@ -228,8 +221,7 @@ void validate_structure(const Schedule& s) {
   const std::string who = "schedule " + s.name;
   LATTICE_CHECK(s.ranks >= 1 && static_cast<int>(s.actions.size()) == s.ranks,
                 who << ": " << s.actions.size() << " rows of actions for " << s.ranks << " ranks");
-  LATTICE_CHECK(s.stages >= s.ranks && s.micro_batches >= 1 &&
-                    static_cast<int>(s.rank_of_stage.size()) == s.stages,
+  LATTICE_CHECK(s.stages >= s.ranks && s.micro_batches >= 1 && static_cast<int>(s.rank_of_stage.size()) == s.stages,
                 who << ": needs at least one stage per rank and one micro-batch (" << s.stages << " stages, "
                     << s.micro_batches << " micro-batches, " << s.ranks << " ranks)");
   // Per (stage, micro-batch): where each kind of action sits (rank, position), -1 if absent.
@@ -240,12 +232,13 @@ void validate_structure(const Schedule& s) {
   for (int r = 0; r < s.ranks; r++)
     for (size_t i = 0; i < s.actions[r].size(); i++) {
       const Action& a = s.actions[r][i];
-      const std::string at = who + ": rank " + std::to_string(r) + " action " + std::to_string(i + 1) + " '" +
-                             to_string(a) + "'";
+      const std::string at =
+          who + ": rank " + std::to_string(r) + " action " + std::to_string(i + 1) + " '" + to_string(a) + "'";
       LATTICE_CHECK(a.stage >= 0 && a.stage < s.stages, at << ": stage outside 0.." << s.stages - 1);
-      LATTICE_CHECK(a.micro >= 0 && a.micro < s.micro_batches, at << ": micro-batch outside 0.." << s.micro_batches - 1);
-      LATTICE_CHECK(s.rank_of_stage[a.stage] == r, at << ": stage " << a.stage << " lives on rank "
-                                                      << s.rank_of_stage[a.stage]);
+      LATTICE_CHECK(a.micro >= 0 && a.micro < s.micro_batches,
+                    at << ": micro-batch outside 0.." << s.micro_batches - 1);
+      LATTICE_CHECK(s.rank_of_stage[a.stage] == r,
+                    at << ": stage " << a.stage << " lives on rank " << s.rank_of_stage[a.stage]);
       Seen& e = seen[static_cast<size_t>(a.stage) * s.micro_batches + a.micro];
       int& pos = e.pos[static_cast<int>(a.op)];
       LATTICE_CHECK(pos < 0, at << ": appears twice (first as action " << pos + 1 << ")");
@@ -256,22 +249,21 @@ void validate_structure(const Schedule& s) {
         LATTICE_CHECK(f >= 0, at << ": a backward before its forward " << a.stage << "F" << a.micro << " on this rank");
       if (a.op == Op::W)
         LATTICE_CHECK(in >= 0, at << ": a weight backward before its input backward " << a.stage << "I" << a.micro);
-      LATTICE_CHECK(!(b >= 0 && (in >= 0 || w >= 0)),
-                    at << ": stage " << a.stage << " micro-batch " << a.micro
-                       << " has both a full backward (B) and a split one (I/W)");
+      LATTICE_CHECK(!(b >= 0 && (in >= 0 || w >= 0)), at << ": stage " << a.stage << " micro-batch " << a.micro
+                                                         << " has both a full backward (B) and a split one (I/W)");
     }
   for (int st = 0; st < s.stages; st++)
     for (int k = 0; k < s.micro_batches; k++) {
       const Seen& e = seen[static_cast<size_t>(st) * s.micro_batches + k];
-      const std::string what = who + ": stage " + std::to_string(st) + " micro-batch " + std::to_string(k) +
-                               " (rank " + std::to_string(s.rank_of_stage[st]) + ")";
+      const std::string what = who + ": stage " + std::to_string(st) + " micro-batch " + std::to_string(k) + " (rank " +
+                               std::to_string(s.rank_of_stage[st]) + ")";
       LATTICE_CHECK(e.pos[static_cast<int>(Op::F)] >= 0, what << " has no forward " << st << "F" << k);
       const bool full = e.pos[static_cast<int>(Op::B)] >= 0, input = e.pos[static_cast<int>(Op::I)] >= 0,
                  weight = e.pos[static_cast<int>(Op::W)] >= 0;
       LATTICE_CHECK(full || input, what << " has no backward (" << st << "B" << k << ", or " << st << "I" << k
                                         << " and " << st << "W" << k << ")");
-      LATTICE_CHECK(full || weight, what << " has no weight backward " << st << "W" << k << " after its " << st << "I"
-                                         << k);
+      LATTICE_CHECK(full || weight,
+                    what << " has no weight backward " << st << "W" << k << " after its " << st << "I" << k);
     }
 }
 

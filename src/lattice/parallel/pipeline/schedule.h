@@ -50,10 +50,10 @@ std::string to_string(const Action& a);  // "1F3"
 Action parse_action(std::string_view cell, const std::string& where);
 
 struct Schedule {
-  std::string name;         // "1f1b", or the CSV's path
-  int ranks = 0;            // p
-  int stages = 0;           // S = p·v
-  int micro_batches = 0;    // m
+  std::string name;                          // "1f1b", or the CSV's path
+  int ranks = 0;                             // p
+  int stages = 0;                            // S = p·v
+  int micro_batches = 0;                     // m
   std::vector<std::vector<Action>> actions;  // per rank, in execution order
   std::vector<int> rank_of_stage;            // which rank holds each stage
 

@@ -10,10 +10,14 @@ namespace lattice::pipeline {
 
 double Costs::of(Op op) const {
   switch (op) {
-    case Op::F: return forward;
-    case Op::B: return backward_input + backward_weight;
-    case Op::I: return backward_input;
-    case Op::W: break;
+    case Op::F:
+      return forward;
+    case Op::B:
+      return backward_input + backward_weight;
+    case Op::I:
+      return backward_input;
+    case Op::W:
+      break;
   }
   return backward_weight;
 }
@@ -33,7 +37,8 @@ constexpr double kNotYet = -1;
 struct Ends {
   int micro;
   std::vector<double> t;  // [stage][micro][op]
-  Ends(int stages, int micro_batches) : micro(micro_batches), t(static_cast<size_t>(stages) * micro_batches * 4, kNotYet) {}
+  Ends(int stages, int micro_batches)
+      : micro(micro_batches), t(static_cast<size_t>(stages) * micro_batches * 4, kNotYet) {}
   double& at(int stage, int k, Op op) { return t[(static_cast<size_t>(stage) * micro + k) * 4 + static_cast<int>(op)]; }
   double input_grad(int stage, int k) {
     const double b = at(stage, k, Op::B);
@@ -127,8 +132,8 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
           if (e >= 0) continue;
           LATTICE_FAIL("schedule " << s.name << ": deadlock: rank " << r << " action " << next[r] + 1 << " '"
                                    << to_string(a) << "' waits for " << dep_name(deps[i]) << " on rank "
-                                   << s.rank_of_stage[deps[i].stage]
-                                   << ", which waits (directly or not) for rank " << r << " to get past it");
+                                   << s.rank_of_stage[deps[i].stage] << ", which waits (directly or not) for rank " << r
+                                   << " to get past it");
         }
       }
       LATTICE_FAIL("schedule " << s.name << ": deadlock");

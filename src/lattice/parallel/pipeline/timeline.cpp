@@ -10,7 +10,8 @@ namespace lattice::pipeline {
 
 std::string chrome_trace(const std::vector<std::vector<Interval>>& timeline, double seconds_per_unit,
                          const std::string& title) {
-  std::string o = "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"title\":" + io::json_quote(title) + "},\"traceEvents\":[\n";
+  std::string o =
+      "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"title\":" + io::json_quote(title) + "},\"traceEvents\":[\n";
   bool first = true;
   auto sep = [&] {
     if (!first) o += ",\n";
@@ -19,8 +20,9 @@ std::string chrome_trace(const std::vector<std::vector<Interval>>& timeline, dou
   char buf[256];
   for (size_t r = 0; r < timeline.size(); r++) {
     sep();
-    std::snprintf(buf, sizeof buf, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%zu,\"args\":{\"name\":\"rank %zu\"}}",
-                  r, r);
+    std::snprintf(buf, sizeof buf,
+                  "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%zu,\"args\":{\"name\":\"rank %zu\"}}", r,
+                  r);
     o += buf;
   }
   for (size_t r = 0; r < timeline.size(); r++)

@@ -25,8 +25,9 @@ static void collective(double* seconds, const char* what, Fn fn) {
 
 void TensorParallel::check_rows(int64_t N) const {
   LATTICE_CHECK(!sp_ || N % size() == 0, "sequence parallelism cuts the " << N << " rows of a micro-batch into "
-                                                                          << size() << " equal slices: B*T must "
-                                                                                       "be a multiple of "
+                                                                          << size()
+                                                                          << " equal slices: B*T must "
+                                                                             "be a multiple of "
                                                                           << "parallel.tp=" << size());
 }
 
@@ -46,8 +47,9 @@ void TensorParallel::reduce(float* partial, float* out, int64_t N, int64_t C, co
     });
     return;
   }
-  LATTICE_CHECK(out == partial, "TensorParallel::reduce(" << what << "): without sequence parallelism the "
-                                                                      "all-reduce is in place");
+  LATTICE_CHECK(out == partial, "TensorParallel::reduce(" << what
+                                                          << "): without sequence parallelism the "
+                                                             "all-reduce is in place");
   collective(&comm_s_, what,
              [&] { group_.all_reduce(partial, static_cast<size_t>(N * C), DType::F32, comm::ReduceOp::Sum); });
 }
@@ -57,8 +59,7 @@ void TensorParallel::all_reduce(float* data, int64_t n, comm::ReduceOp op, const
 }
 
 void TensorParallel::all_reduce(double* data, int64_t n, const char* what) {
-  collective(&comm_s_, what,
-             [&] { group_.all_reduce(data, static_cast<size_t>(n), DType::F64, comm::ReduceOp::Sum); });
+  collective(&comm_s_, what, [&] { group_.all_reduce(data, static_cast<size_t>(n), DType::F64, comm::ReduceOp::Sum); });
 }
 
 // ---- ColumnParallelLinear ----

@@ -134,8 +134,7 @@ class RowParallelLinear {
   const float* backward_input(float* dx_local, const float* dy, float* dy_whole, const float* W, int64_t N);
   // dW (+)= dy_wholeᵀ · x_local ; db (+)= Σ dy_whole (whole on every rank: the
   // replicated bias gets the same gradient everywhere, no reduction).
-  void backward_weight(float* dW, float* db, const float* dy_whole, const float* x_local, int64_t N,
-                       bool accumulate);
+  void backward_weight(float* dW, float* db, const float* dy_whole, const float* x_local, int64_t N, bool accumulate);
 
  private:
   TensorParallel* tp_;

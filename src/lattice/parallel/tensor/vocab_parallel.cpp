@@ -28,8 +28,8 @@ void local_tokens(int32_t* out, const int32_t* tokens, int64_t n, const VocabRan
   }
 }
 
-void vocab_parallel_cross_entropy(TensorParallel* tp, float* logits, float* losses, const int32_t* targets,
-                                  int64_t N, const VocabRange& range, bool backward, float dloss) {
+void vocab_parallel_cross_entropy(TensorParallel* tp, float* logits, float* losses, const int32_t* targets, int64_t N,
+                                  const VocabRange& range, bool backward, float dloss) {
   std::vector<float> row_max(static_cast<size_t>(N));
   // [0, N): target logits, [N, 2N): sums of exponentials — one all-reduce.
   std::vector<double> sums(static_cast<size_t>(2 * N));

@@ -44,7 +44,7 @@ void local_tokens(int32_t* out, const int32_t* tokens, int64_t n, const VocabRan
 // Per-row losses of logits [N, range.rows] (this rank's columns); with
 // `backward`, logits are replaced by dloss·(softmax - onehot) as
 // kernels::crossentropy_forward_backward does. tp null: one process.
-void vocab_parallel_cross_entropy(TensorParallel* tp, float* logits, float* losses, const int32_t* targets,
-                                  int64_t N, const VocabRange& range, bool backward, float dloss);
+void vocab_parallel_cross_entropy(TensorParallel* tp, float* logits, float* losses, const int32_t* targets, int64_t N,
+                                  const VocabRange& range, bool backward, float dloss);
 
 }  // namespace lattice::tensor
