@@ -234,7 +234,7 @@ TEST(Config, ItemsAndHelp) {
   for (const auto& [k, v] : items)
     if (k == "data.train") found = v == "\"\"";
   EXPECT_TRUE(found);
-  EXPECT_EQ(items.size(), 52u);
+  EXPECT_EQ(items.size(), 53u);
   std::string help = config_help();
   for (const auto& [k, v] : items) {
     std::string name = k.substr(k.find('.') + 1);

@@ -174,6 +174,17 @@ TEST(PipelineSimulator, TransferTimeIsOnTheCriticalPath) {
   EXPECT_NEAR(s.makespan, (m + p - 1) * 3.0, 1e-12);
 }
 
+// Per-stage costs: a slower last stage (the head) sets 1F1B's steady pace.
+TEST(PipelineSimulator, PerStageCostsReplaceTheCommonOnes) {
+  const int p = 2, m = 8;
+  Costs c;
+  c.by_stage = {{1, 1, 1}, {2, 2, 2}};  // stage 1 twice as slow
+  const Simulation s = simulate(one_f_one_b(p, m), c);
+  // Rank 1 is busy 6 per micro-batch and waits only for the first forward (1).
+  EXPECT_NEAR(s.makespan, 1 + 6.0 * m + 2, 1e-12);
+  EXPECT_NEAR(s.timeline[1].back().end, s.makespan - 2, 1e-12);  // rank 0's last backward follows
+}
+
 TEST(PipelinePartition, BalancedByCostWithTheHeadOnTheLastChunk) {
   model::ModelConfig gpt2;  // 124M: the head costs about 2.7 blocks
   const std::vector<double> costs = layer_costs(gpt2, 1024);

@@ -214,6 +214,10 @@ TEST(PipelineTrainer, LatticeTrainAtPpTrainsTheOneProcessModel) {
                                std::string(s) + " pp=" + std::to_string(p));
     mpitest::expect_same_run(mpitest::train_run(pp_layout(p, "interleaved", 2, 8), groups_of(p)), want8,
                              "interleaved pp=" + std::to_string(p));
+    // An explicit cut: the first stage takes one layer, the last the rest.
+    io::RunConfig c = pp_layout(p, "1f1b");
+    c.parallel.partition = p == 2 ? "1,3" : "1,1,1,1";
+    mpitest::expect_same_run(mpitest::train_run(c, groups_of(p)), want, "partition " + c.parallel.partition);
   }
 }
 
@@ -271,6 +275,13 @@ TEST(PipelineTrainer, BadPipelineSettingsAreRefusedByName) {
   has(trainer_error(pp_layout(2, "zb-v"), pairs), "not generated yet");
   has(trainer_error(pp_layout(2, "csv:/nonexistent/schedule.csv"), pairs), "/nonexistent/schedule.csv");
   has(trainer_error(pp_layout(1, "gpipe"), mpitest::self()), "applies to pipeline parallelism");
+  c = pp_layout(2, "1f1b");
+  c.parallel.partition = "3,2";  // 5 of 4 layers
+  has(trainer_error(c, pairs), "parallel.partition=\"3,2\" covers 5 layers but the model has 4");
+  c.parallel.partition = "4";
+  has(trainer_error(c, pairs), "lists 1 chunks but the pipeline has 2");
+  c.parallel.partition = "2,x";
+  has(trainer_error(c, pairs), "'x' is not a number of layers");
   c = pp_layout(2, "1f1b");
   c.parallel.zero_stage = 1;
   has(trainer_error(c, pairs), "does not compose with pipeline parallelism yet");

@@ -123,6 +123,9 @@ const std::vector<Key>& keys() {
             "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1, or csv:FILE (PyTorch's compute-only format)"),
         key<&R::parallel, &ParallelSection::virtual_stages>(
             "parallel", "virtual_stages", at_least(1), "model chunks per pipeline rank (interleaved schedule)"),
+        key<&R::parallel, &ParallelSection::partition>(
+            "parallel", "partition", any(),
+            "layers per pipeline stage, comma-separated, e.g. \"5,4,3\" (empty = balanced by estimated cost)"),
         key<&R::parallel, &ParallelSection::microbatches>(
             "parallel", "microbatches", at_least(1),
             "not a separate knob: the micro-batches of a step are train.grad_accum_steps"),
@@ -658,6 +661,9 @@ void check_cross_keys(const RunConfig& cfg) {
     LATTICE_CHECK(par.virtual_stages == 1, "parallel.virtual_stages=" << par.virtual_stages
                                                                       << " applies to pipeline parallelism: set "
                                                                          "parallel.pp > 1, or leave it at 1");
+    LATTICE_CHECK(par.partition.empty(), "parallel.partition=\"" << par.partition
+                                                                 << "\" applies to pipeline parallelism: set "
+                                                                    "parallel.pp > 1, or leave it empty");
   }
   if (cfg.parallel.sequence_parallel) {
     LATTICE_CHECK(tp > 1, "parallel.sequence_parallel=true needs parallel.tp > 1: it splits the sequence over the "

@@ -70,6 +70,9 @@ struct ParallelSection {
   bool sequence_parallel = false;
   std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1
   int virtual_stages = 1;
+  // Layers of each pipeline stage, comma-separated ("5,4,3"); empty: balanced
+  // by estimated cost.
+  std::string partition;
   int microbatches = 1;
   // Largest data-parallel reduction call, MiB (fractions allowed for tiny
   // tests). 4 MiB: the bucket sweep in docs/performance.md.

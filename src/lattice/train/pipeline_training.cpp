@@ -3,7 +3,9 @@
 // stage model, and the executor running the configured schedule
 // (parallel/pipeline/). Data parallelism, tensor parallelism and ZeRO do not
 // compose with it yet; the trainer refuses those layouts by name.
+#include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "lattice/comm/process_mesh.h"
@@ -72,7 +74,25 @@ void Trainer::build_pipeline(uint64_t seed) {
   }
   pipeline::validate(pp.schedule);
   const int S = pp.schedule.stages, T = config_.model.seq_len;
-  pp.cut = pipeline::balanced_partition(pipeline::layer_costs(model_config_, T), S);
+  if (p.partition.empty()) {
+    pp.cut = pipeline::balanced_partition(pipeline::layer_costs(model_config_, T), S);
+  } else {
+    std::vector<int> layers;
+    size_t begin = 0;
+    while (begin <= p.partition.size()) {
+      size_t end = p.partition.find(',', begin);
+      if (end == std::string::npos) end = p.partition.size();
+      const std::string item = p.partition.substr(begin, end - begin);
+      char* stop = nullptr;
+      const long n = std::strtol(item.c_str(), &stop, 10);
+      LATTICE_CHECK(!item.empty() && *stop == '\0',
+                    "parallel.partition=\"" << p.partition << "\": '" << item << "' is not a number of layers");
+      layers.push_back(static_cast<int>(n));
+      begin = end + 1;
+    }
+    pp.cut =
+        pipeline::explicit_partition(layers, model_config_.n_layer, S, "parallel.partition=\"" + p.partition + "\"");
+  }
   const bool draw = config_.checkpoint.init_from.empty() && config_.checkpoint.resume.empty();
   optim::AdamWConfig adam;
   adam.beta1 = static_cast<float>(config_.optim.beta1);
@@ -119,24 +139,35 @@ double Trainer::pipeline_step(double* norm_out) {
                 "step " << step_ + 1 << ": loss " << loss << ", grad norm " << norm
                         << " is not finite; lower optim.lr or check the data");
   for (auto& a : pp.adams) a->step(lr, optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)));
-  // The measured bubble beside the simulator's, fed this step's mean action costs.
+  // The measured bubble beside the simulator's, fed this step's mean cost of
+  // each kind of action on each stage (a full B counted as equal I and W halves).
   const auto timelines = pp.executor->gather_timelines();
-  double sum[3] = {0, 0, 0}, count[3] = {0, 0, 0};
+  const size_t S = static_cast<size_t>(pp.schedule.stages);
+  std::vector<std::array<double, 3>> sum(S, {0, 0, 0}), count(S, {0, 0, 0});
   for (const auto& row : timelines)
     for (const pipeline::Interval& iv : row) {
-      const int k = iv.action.op == pipeline::Op::F ? 0 : iv.action.op == pipeline::Op::W ? 2 : 1;
-      // A full B counts as one I plus one W of equal shares.
+      const size_t st = static_cast<size_t>(iv.action.stage);
       const double d = iv.end - iv.start;
-      if (iv.action.op == pipeline::Op::B) {
-        sum[1] += d / 2, count[1]++, sum[2] += d / 2, count[2]++;
-      } else {
-        sum[k] += d, count[k]++;
+      switch (iv.action.op) {
+        case pipeline::Op::F:
+          sum[st][0] += d, count[st][0]++;
+          break;
+        case pipeline::Op::I:
+          sum[st][1] += d, count[st][1]++;
+          break;
+        case pipeline::Op::W:
+          sum[st][2] += d, count[st][2]++;
+          break;
+        case pipeline::Op::B:
+          sum[st][1] += d / 2, count[st][1]++;
+          sum[st][2] += d / 2, count[st][2]++;
+          break;
       }
     }
   pipeline::Costs costs;
-  costs.forward = count[0] ? sum[0] / count[0] : 1;
-  costs.backward_input = count[1] ? sum[1] / count[1] : 1;
-  costs.backward_weight = count[2] ? sum[2] / count[2] : 1;
+  costs.by_stage.resize(S);
+  for (size_t st = 0; st < S; st++)
+    for (int k = 0; k < 3; k++) costs.by_stage[st][k] = count[st][k] ? sum[st][k] / count[st][k] : 0.0;
   pp.last_bubble = pipeline::bubble_of(timelines);
   if (!config_.log.trace_file.empty() && is_root_)  // the latest step's timeline (Perfetto, chrome://tracing)
     io::write_file_atomic(

@@ -22,6 +22,22 @@ double Costs::of(Op op) const {
   return backward_weight;
 }
 
+double Costs::of(Op op, int stage) const {
+  if (stage < 0 || static_cast<size_t>(stage) >= by_stage.size()) return of(op);
+  const std::array<double, 3>& c = by_stage[static_cast<size_t>(stage)];
+  switch (op) {
+    case Op::F:
+      return c[0];
+    case Op::B:
+      return c[1] + c[2];
+    case Op::I:
+      return c[1];
+    case Op::W:
+      break;
+  }
+  return c[2];
+}
+
 double Simulation::max_peak_in_flight() const {
   double m = 0;
   for (double x : peak_in_flight) m = std::max(m, x);
@@ -110,7 +126,7 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
           }
         }
         if (!ready) break;
-        const double end = start + costs.of(a.op);
+        const double end = start + costs.of(a.op, a.stage);
         ends.at(a.stage, a.micro, a.op) = end;
         sim.timeline[r].push_back({a, start, end});
         free_at[r] = end;

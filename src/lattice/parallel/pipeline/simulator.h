@@ -15,6 +15,7 @@
 // it fed the measured costs.
 #pragma once
 
+#include <array>
 #include <vector>
 
 #include "lattice/parallel/pipeline/schedule.h"
@@ -26,7 +27,12 @@ struct Costs {
   double backward_input = 1.0;   // I; a full B costs I + W
   double backward_weight = 1.0;  // W
   double transfer = 0.0;         // added to every dependency between two ranks
+  // Optional, per stage: {F, I, W} of that stage (stages differ: the first
+  // holds the embedding, the last the head and loss); when set for a stage it
+  // replaces the three above.
+  std::vector<std::array<double, 3>> by_stage;
   double of(Op op) const;
+  double of(Op op, int stage) const;
 };
 
 struct Interval {
