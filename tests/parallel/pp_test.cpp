@@ -221,6 +221,37 @@ TEST(PipelineTrainer, LatticeTrainAtPpTrainsTheOneProcessModel) {
   }
 }
 
+// Data parallelism over pipelines: dp=2 replicas of a pp=2 pipeline, each on
+// half of the global batch of 8 sequences, train the one-process model; a
+// checkpoint of the layout resumes on one process.
+TEST(PipelineTrainer, DataParallelPipelinesTrainTheOneProcessModel) {
+  if (world().size() < 4) GTEST_SKIP() << "dp2 x pp2 needs 4 ranks";
+  io::RunConfig one = pp_layout(1, "1f1b");
+  one.train.grad_accum_steps = 1;
+  one.train.global_batch_size = 8;
+  const mpitest::RunResult want = mpitest::train_run(one, mpitest::self());
+  const std::filesystem::path dir = mpitest::shared_dir("lattice_pp_test", "dp_ckpt");
+  for (const char* s : {"1f1b", "zb-h1", "gpipe"}) {
+    io::RunConfig c = pp_layout(2, s);
+    c.parallel.dp = 2;
+    c.train.grad_accum_steps = 1;
+    c.train.global_batch_size = 8;  // 2 micro-batches of 2 per replica
+    mpitest::expect_same_run(mpitest::train_run(c, groups_of(4)), want, std::string("dp2 x pp2 ") + s);
+  }
+  io::RunConfig c = pp_layout(2, "1f1b");
+  c.parallel.dp = 2;
+  c.train.grad_accum_steps = 1;
+  c.train.global_batch_size = 8;
+  mpitest::train_run(c, groups_of(4), 5, dir.string());
+  world().barrier();
+  one.checkpoint.resume = (dir / "step_000005").string();
+  mpitest::RunResult got = mpitest::train_run(one, mpitest::self(), 5);
+  mpitest::RunResult tail = want;
+  tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 5);
+  tail.norms.erase(tail.norms.begin(), tail.norms.begin() + 5);
+  mpitest::expect_same_run(got, tail, "dp2 x pp2 checkpoint resumed on one process");
+}
+
 // A checkpoint is full tensors by HF name at any pp: saved at pp=2 after 5
 // steps, it resumes at pp=1 and (4 ranks) pp=4 on the uninterrupted run.
 TEST(PipelineTrainer, CheckpointAtPp2ResumesAtPp1AndPp4) {
@@ -282,6 +313,11 @@ TEST(PipelineTrainer, BadPipelineSettingsAreRefusedByName) {
   has(trainer_error(c, pairs), "lists 1 chunks but the pipeline has 2");
   c.parallel.partition = "2,x";
   has(trainer_error(c, pairs), "'x' is not a number of layers");
+  if (world().size() >= 4) {
+    c = pp_layout(2, "1f1b");
+    c.parallel.tp = 2;
+    has(trainer_error(c, groups_of(4)), "not yet with tensor parallelism");
+  }
   c = pp_layout(2, "1f1b");
   c.parallel.zero_stage = 1;
   has(trainer_error(c, pairs), "does not compose with pipeline parallelism yet");

@@ -50,10 +50,9 @@ std::string Trainer::describe_pipeline() const {
 
 void Trainer::build_pipeline(uint64_t seed) {
   const auto& p = config_.parallel;
-  LATTICE_CHECK(p.dp == 1 && p.tp == 1, "parallel.pp=" << p.pp << " with parallel.dp=" << p.dp
-                                                       << " and parallel.tp=" << p.tp
-                                                       << ": pipeline parallelism runs with dp=1 and tp=1 "
-                                                          "so far (3D composition comes next)");
+  LATTICE_CHECK(p.tp == 1, "parallel.pp=" << p.pp << " with parallel.tp=" << p.tp
+                                           << ": pipeline parallelism composes with data parallelism so far, not yet "
+                                              "with tensor parallelism (full 3D comes next)");
   LATTICE_CHECK(p.zero_stage == 0 && config_.zero.offload == "none",
                 "parallel.pp=" << p.pp << ": ZeRO (parallel.zero_stage=" << p.zero_stage << ", zero.offload="
                                << config_.zero.offload << ") does not compose with pipeline parallelism yet");
@@ -131,14 +130,27 @@ double Trainer::pipeline_step(double* norm_out) {
     train_data_->next(pp.inputs[k].data(), pp.targets[k].data());  // every stage reads the step's batch alike
     batches.push_back({pp.inputs[k].data(), pp.targets[k].data()});
   }
-  const double loss = pp.executor->run_step(batches, B, T);
-  const double norm = std::sqrt(pp.executor->grad_sum_squares());
+  double loss = pp.executor->run_step(batches, B, T);
+  // Data parallelism over pipelines: each replica ran its share of the
+  // global batch; gradients are summed over the replicas group by group
+  // (the tied embedding's copies alike, so they stay identical), and the
+  // loss, the norm and the update are of the mean.
+  const int replicas = mesh_->dp().size();
+  if (replicas > 1) {
+    for (auto& m : pp.models)
+      for (model::ParamGroup& g : m->groups())
+        mesh_->dp().all_reduce(g.grad_storage(), static_cast<size_t>(g.numel()), DType::F32, comm::ReduceOp::Sum);
+    mesh_->dp().all_reduce(&loss, 1, DType::F64, comm::ReduceOp::Sum);
+    loss /= replicas;
+  }
+  const double norm = std::sqrt(pp.executor->grad_sum_squares()) / replicas;
   const float lr = optim::lr_at(step_, config_.train.steps, config_.optim.warmup_steps,
                                 static_cast<float>(config_.optim.lr), static_cast<float>(config_.optim.min_lr));
   LATTICE_CHECK(std::isfinite(loss) && std::isfinite(norm),
                 "step " << step_ + 1 << ": loss " << loss << ", grad norm " << norm
                         << " is not finite; lower optim.lr or check the data");
-  for (auto& a : pp.adams) a->step(lr, optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)));
+  const float scale = optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) / static_cast<float>(replicas);
+  for (auto& a : pp.adams) a->step(lr, scale);
   // The measured bubble beside the simulator's, fed this step's mean cost of
   // each kind of action on each stage (a full B counted as equal I and W halves).
   const auto timelines = pp.executor->gather_timelines();
@@ -195,7 +207,8 @@ double Trainer::pipeline_evaluate() {
     }
     sum += pp.executor->evaluate(batches, B, config_.model.seq_len);
   }
-  return sum / config_.train.eval_steps;
+  if (mesh_->dp().size() > 1) mesh_->dp().all_reduce(&sum, 1, DType::F64, comm::ReduceOp::Sum);
+  return sum / (static_cast<double>(config_.train.eval_steps) * mesh_->dp().size());
 }
 
 // The whole model's group g is held by the rank of the stage that runs it
@@ -231,6 +244,7 @@ std::vector<HfTensor> Trainer::pipeline_group_tensors(size_t g, ModelBuffer whic
     mesh_->pp().broadcast(buffer.data(), buffer.size(), DType::F32, owner);
     return export_hf_group(shape, buffer.data());
   }
+  if (mesh_->coord().dp != 0) return {};  // the replicas are identical: the root's pipeline writes
   if (owner != 0) {
     if (me == owner) mesh_->pp().send(buffer.data(), buffer.size(), DType::F32, 0, 7);
     if (me == 0) mesh_->pp().recv(buffer.data(), buffer.size(), DType::F32, owner, 7);
