@@ -204,6 +204,17 @@ io::RunConfig pp_layout(int pp, const std::string& schedule, int v = 1, int laye
   return c;
 }
 
+// Resumes `c` from dir/step_000005 on `ranks` for the last 5 steps: the tail of `want`.
+void expect_resumed(io::RunConfig c, const std::filesystem::path& dir, comm::Communicator& ranks,
+                    const mpitest::RunResult& want, const std::string& what) {
+  c.checkpoint.resume = (dir / "step_000005").string();
+  mpitest::RunResult got = mpitest::train_run(c, ranks, 5);
+  mpitest::RunResult tail = want;
+  tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 5);
+  tail.norms.erase(tail.norms.begin(), tail.norms.begin() + 5);
+  mpitest::expect_same_run(got, tail, what);
+}
+
 TEST(PipelineTrainer, LatticeTrainAtPpTrainsTheOneProcessModel) {
   const mpitest::RunResult want = mpitest::train_run(pp_layout(1, "1f1b"), mpitest::self());
   const mpitest::RunResult want8 = mpitest::train_run(pp_layout(1, "1f1b", 1, 8), mpitest::self());
@@ -244,12 +255,36 @@ TEST(PipelineTrainer, DataParallelPipelinesTrainTheOneProcessModel) {
   c.train.global_batch_size = 8;
   mpitest::train_run(c, groups_of(4), 5, dir.string());
   world().barrier();
-  one.checkpoint.resume = (dir / "step_000005").string();
-  mpitest::RunResult got = mpitest::train_run(one, mpitest::self(), 5);
-  mpitest::RunResult tail = want;
-  tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 5);
-  tail.norms.erase(tail.norms.begin(), tail.norms.begin() + 5);
-  mpitest::expect_same_run(got, tail, "dp2 x pp2 checkpoint resumed on one process");
+  expect_resumed(one, dir, mpitest::self(), want, "dp2 x pp2 checkpoint resumed on one process");
+}
+
+// Full 3D: tensor parallelism inside the stages (SP off and on), and on 8
+// ranks dp2 x tp2 x pp2; a tp2 x pp2 checkpoint resumes on one process.
+TEST(PipelineTrainer, TensorParallelStagesAndFull3DTrainTheOneProcessModel) {
+  if (world().size() < 4) GTEST_SKIP() << "tp2 x pp2 needs 4 ranks";
+  io::RunConfig one = pp_layout(1, "1f1b");
+  one.train.grad_accum_steps = 1;
+  one.train.global_batch_size = 8;
+  const mpitest::RunResult want = mpitest::train_run(one, mpitest::self());
+  auto layout3d = [&](int dp, const char* schedule, bool sp) {
+    io::RunConfig c = pp_layout(2, schedule);
+    c.parallel.tp = 2;
+    c.parallel.dp = dp;
+    c.parallel.sequence_parallel = sp;
+    c.train.grad_accum_steps = 1;
+    c.train.global_batch_size = 8;
+    return c;
+  };
+  const std::filesystem::path dir = mpitest::shared_dir("lattice_pp_test", "tp_ckpt");
+  for (const char* s : {"1f1b", "zb-h1"})
+    for (bool sp : {false, true})
+      mpitest::expect_same_run(mpitest::train_run(layout3d(1, s, sp), groups_of(4)), want,
+                               std::string("tp2 x pp2 ") + s + (sp ? " SP" : ""));
+  if (world().size() >= 8)
+    mpitest::expect_same_run(mpitest::train_run(layout3d(2, "1f1b", true), groups_of(8)), want, "dp2 x tp2 x pp2 SP");
+  mpitest::train_run(layout3d(1, "zb-h1", true), groups_of(4), 5, dir.string());
+  world().barrier();
+  expect_resumed(one, dir, mpitest::self(), want, "tp2 x pp2 SP checkpoint resumed on one process");
 }
 
 // A checkpoint is full tensors by HF name at any pp: saved at pp=2 after 5
@@ -260,16 +295,8 @@ TEST(PipelineTrainer, CheckpointAtPp2ResumesAtPp1AndPp4) {
   comm::Communicator& pairs = groups_of(2);
   if (world().rank() < 2) mpitest::train_run(pp_layout(2, "1f1b"), pairs, 5, dir.string());
   world().barrier();
-  auto resumed = [&](io::RunConfig c, comm::Communicator& ranks, const std::string& what) {
-    c.checkpoint.resume = (dir / "step_000005").string();
-    mpitest::RunResult got = mpitest::train_run(c, ranks, 5);
-    mpitest::RunResult tail = want;
-    tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 5);
-    tail.norms.erase(tail.norms.begin(), tail.norms.begin() + 5);
-    mpitest::expect_same_run(got, tail, what);
-  };
-  resumed(pp_layout(1, "1f1b"), mpitest::self(), "resumed at pp=1");
-  if (world().size() >= 4) resumed(pp_layout(4, "zb-h1"), groups_of(4), "resumed at pp=4 zb-h1");
+  expect_resumed(pp_layout(1, "1f1b"), dir, mpitest::self(), want, "resumed at pp=1");
+  if (world().size() >= 4) expect_resumed(pp_layout(4, "zb-h1"), dir, groups_of(4), want, "resumed at pp=4 zb-h1");
 }
 
 // Evaluation runs the stages' forwards only and gives the one-process loss.
@@ -313,11 +340,6 @@ TEST(PipelineTrainer, BadPipelineSettingsAreRefusedByName) {
   has(trainer_error(c, pairs), "lists 1 chunks but the pipeline has 2");
   c.parallel.partition = "2,x";
   has(trainer_error(c, pairs), "'x' is not a number of layers");
-  if (world().size() >= 4) {
-    c = pp_layout(2, "1f1b");
-    c.parallel.tp = 2;
-    has(trainer_error(c, groups_of(4)), "not yet with tensor parallelism");
-  }
   c = pp_layout(2, "1f1b");
   c.parallel.zero_stage = 1;
   has(trainer_error(c, pairs), "does not compose with pipeline parallelism yet");

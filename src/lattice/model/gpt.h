@@ -183,6 +183,9 @@ class GPT {
   // Not the first stage: after backward / backward_input, the gradient with
   // respect to the stage's input (rows × C), valid until the slot's next forward.
   const float* stage_input_grad(int slot);
+  // Rows of a B·T micro-batch's activation this rank holds between stages
+  // (B·T, or B·T / tp under sequence parallelism).
+  int64_t stage_rows(int64_t N) const { return rows(N); }
   // dX through every layer (and dX of the embedding); records the dW work.
   void backward_input(int slot);
   // The recorded dW work: accumulates (+=) into the groups' gradients and

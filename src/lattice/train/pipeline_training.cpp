@@ -13,6 +13,7 @@
 #include "lattice/io/file_util.h"
 #include "lattice/io/metrics.h"
 #include "lattice/io/safetensors.h"
+#include "lattice/kernels/ops.h"
 #include "lattice/optim/adamw.h"
 #include "lattice/parallel/data/data_parallel.h"
 #include "lattice/parallel/pipeline/executor.h"
@@ -50,9 +51,6 @@ std::string Trainer::describe_pipeline() const {
 
 void Trainer::build_pipeline(uint64_t seed) {
   const auto& p = config_.parallel;
-  LATTICE_CHECK(p.tp == 1, "parallel.pp=" << p.pp << " with parallel.tp=" << p.tp
-                                           << ": pipeline parallelism composes with data parallelism so far, not yet "
-                                              "with tensor parallelism (full 3D comes next)");
   LATTICE_CHECK(p.zero_stage == 0 && config_.zero.offload == "none",
                 "parallel.pp=" << p.pp << ": ZeRO (parallel.zero_stage=" << p.zero_stage << ", zero.offload="
                                << config_.zero.offload << ") does not compose with pipeline parallelism yet");
@@ -98,12 +96,14 @@ void Trainer::build_pipeline(uint64_t seed) {
   adam.beta2 = static_cast<float>(config_.optim.beta2);
   adam.eps = static_cast<float>(config_.optim.eps);
   adam.weight_decay = static_cast<float>(config_.optim.weight_decay);
+  // Tensor parallelism inside every stage (3D): each stage model holds its slices.
+  if (p.tp > 1) tp_ = std::make_unique<tensor::TensorParallel>(mesh_->tp(), p.sequence_parallel);
   std::vector<model::GPT*> mine;
   for (int s = 0; s < S; s++) {
     if (pp.schedule.rank_of_stage[s] != mesh_->coord().pp) continue;
     const model::StageLayers layers{pp.cut[s].first, pp.cut[s].last};
-    pp.models.push_back(draw ? std::make_unique<model::GPT>(model_config_, seed, nullptr, layers)
-                             : std::make_unique<model::GPT>(model_config_, model::GPT::NoInit{}, nullptr, layers));
+    pp.models.push_back(draw ? std::make_unique<model::GPT>(model_config_, seed, tp_.get(), layers)
+                             : std::make_unique<model::GPT>(model_config_, model::GPT::NoInit{}, tp_.get(), layers));
     pp.model_stage.push_back(s);
     pp.adams.push_back(std::make_unique<optim::AdamW>(pp.models.back()->groups(), adam));
     mine.push_back(pp.models.back().get());
@@ -143,13 +143,31 @@ double Trainer::pipeline_step(double* norm_out) {
     mesh_->dp().all_reduce(&loss, 1, DType::F64, comm::ReduceOp::Sum);
     loss /= replicas;
   }
-  const double norm = std::sqrt(pp.executor->grad_sum_squares()) / replicas;
+  double sum_squares = 0;
+  if (!tp_) {
+    sum_squares = pp.executor->grad_sum_squares();  // over the pipeline, the tied embedding once
+  } else {
+    // Every slice once; a parameter whole on every TP rank (LayerNorms, row
+    // biases, wpe) on TP rank 0 only; the tied embedding on its first stage.
+    for (auto& m : pp.models)
+      for (size_t i = 0; i < m->groups().size(); i++) {
+        if (m->has_embedding() && i == m->embedding_index() && !m->first_stage()) continue;
+        const model::ParamGroup& g = m->groups()[i];
+        for (const model::ParamInfo& info : g.params())
+          if (info.shard.split_dim >= 0 || tp_->rank() == 0)
+            sum_squares += kernels::sum_squares(g.grad() + info.offset, info.numel());
+      }
+    mesh_->pp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
+    mesh_->tp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
+  }
+  const double norm = std::sqrt(sum_squares) / replicas;
   const float lr = optim::lr_at(step_, config_.train.steps, config_.optim.warmup_steps,
                                 static_cast<float>(config_.optim.lr), static_cast<float>(config_.optim.min_lr));
   LATTICE_CHECK(std::isfinite(loss) && std::isfinite(norm),
                 "step " << step_ + 1 << ": loss " << loss << ", grad norm " << norm
                         << " is not finite; lower optim.lr or check the data");
-  const float scale = optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) / static_cast<float>(replicas);
+  const float scale =
+      optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) / static_cast<float>(replicas);
   for (auto& a : pp.adams) a->step(lr, scale);
   // The measured bubble beside the simulator's, fed this step's mean cost of
   // each kind of action on each stage (a full B counted as equal I and W halves).
@@ -226,31 +244,72 @@ std::vector<HfTensor> Trainer::pipeline_group_tensors(size_t g, ModelBuffer whic
       if (pp.cut[s].first <= layer && layer < pp.cut[s].last) stage = s;
   }
   const int owner = pp.schedule.rank_of_stage[stage], me = mesh_->coord().pp;
-  std::vector<float> buffer(static_cast<size_t>(shape.numel()));
+  // The group's HF tensors, concatenated in parameter order (full tensors:
+  // under tensor parallelism the owner's TP ranks assemble their slices).
+  size_t total = 0;
+  for (const model::ParamInfo& p : shape.params()) {
+    size_t n = 1;
+    for (int64_t d : hf_shape(p)) n *= static_cast<size_t>(d);
+    total += n;
+  }
+  std::vector<float> flat(total);
   if (me == owner) {
     for (size_t j = 0; j < pp.models.size(); j++) {
       if (pp.model_stage[j] != stage) continue;
       model::GPT& m = *pp.models[j];
       for (size_t i = 0; i < m.groups().size(); i++) {
-        if (m.groups()[i].name() != shape.name()) continue;
-        const float* src = which == ModelBuffer::Params  ? m.groups()[i].data()
+        const model::ParamGroup& local = m.groups()[i];
+        if (local.name() != shape.name()) continue;
+        const float* src = which == ModelBuffer::Params  ? local.data()
                            : which == ModelBuffer::AdamM ? pp.adams[j]->m(i)
                                                          : pp.adams[j]->v(i);
-        std::memcpy(buffer.data(), src, buffer.size() * sizeof(float));
+        std::vector<HfTensor> tensors;
+        if (tp_) {
+          const size_t n = static_cast<size_t>(local.numel());
+          std::vector<float> all(n * static_cast<size_t>(tp_->size()));
+          mesh_->tp().all_gather(src, all.data(), n, DType::F32);
+          std::vector<const float*> bases;
+          for (int r = 0; r < tp_->size(); r++) bases.push_back(all.data() + static_cast<size_t>(r) * n);
+          tensors = export_hf_group(local, src, bases);
+        } else {
+          tensors = export_hf_group(local, src);
+        }
+        size_t at = 0;
+        for (const HfTensor& t : tensors) {
+          std::memcpy(flat.data() + at, t.data.data(), t.data.size() * sizeof(float));
+          at += t.data.size();
+        }
       }
     }
   }
+  auto split = [&] {
+    std::vector<HfTensor> out;
+    size_t at = 0;
+    for (const model::ParamInfo& p : shape.params()) {
+      HfTensor t;
+      t.name = p.name;
+      t.shape = hf_shape(p);
+      size_t n = 1;
+      for (int64_t d : t.shape) n *= static_cast<size_t>(d);
+      t.data.assign(flat.begin() + static_cast<std::ptrdiff_t>(at), flat.begin() + static_cast<std::ptrdiff_t>(at + n));
+      at += n;
+      out.push_back(std::move(t));
+    }
+    return out;
+  };
   if (all_ranks) {
-    mesh_->pp().broadcast(buffer.data(), buffer.size(), DType::F32, owner);
-    return export_hf_group(shape, buffer.data());
+    mesh_->pp().broadcast(flat.data(), flat.size(), DType::F32, owner);
+    return split();
   }
-  if (mesh_->coord().dp != 0) return {};  // the replicas are identical: the root's pipeline writes
+  // The replicas are identical and so are the TP ranks' assembled tensors:
+  // the root's pipeline (data-parallel rank 0, TP rank 0) writes.
+  if (mesh_->coord().dp != 0 || mesh_->coord().tp != 0) return {};
   if (owner != 0) {
-    if (me == owner) mesh_->pp().send(buffer.data(), buffer.size(), DType::F32, 0, 7);
-    if (me == 0) mesh_->pp().recv(buffer.data(), buffer.size(), DType::F32, owner, 7);
+    if (me == owner) mesh_->pp().send(flat.data(), flat.size(), DType::F32, 0, 7);
+    if (me == 0) mesh_->pp().recv(flat.data(), flat.size(), DType::F32, owner, 7);
   }
   if (!is_root_) return {};
-  return export_hf_group(shape, buffer.data());
+  return split();
 }
 
 void Trainer::load_pipeline_state(const HfSource sources[3]) {

@@ -266,6 +266,8 @@ StepStats Trainer::train_step_unguarded() {
                           static_cast<float>(config_.optim.lr), static_cast<float>(config_.optim.min_lr));
   uint64_t tp_bytes_before = 0;
   if (pipe_) {
+    tp_bytes_before = tp_ ? tp_->group().stats().bytes_sent : 0;
+    if (tp_) tp_->reset_comm_seconds();
     loss = pipeline_step(&norm);  // the micro-batches through the stages, and the update
   } else {
     const int micro = micro_batches_, ranks = dp_->ranks();
@@ -395,11 +397,12 @@ void Trainer::print_header() const {
   if (dp_) std::printf("lattice: %s\n", dp_->describe().c_str());
   if (pipe_) std::printf("lattice: %s\n", describe_pipeline().c_str());
   if (tp_) {
-    const model::GPT::Dims& d = model_->dims();
+    const model::GPT& any = pipe_ ? const_cast<Trainer*>(this)->model() : *model_;
+    const model::GPT::Dims& d = any.dims();
     std::printf("lattice: tensor parallel over %d ranks%s: each holds %d of %d heads, %d of %d MLP columns and %d of "
                 "%d vocabulary rows (padded from %d)\n",
                 tp_->size(), tp_->sequence_parallel() ? ", sequence parallel" : "", d.NH, m.n_head, d.F,
-                4 * m.n_embd, d.V, model_->wte_rows(), m.vocab_size);
+                4 * m.n_embd, d.V, any.wte_rows(), m.vocab_size);
   }
   if (config_.parallel.zero_stage > 0 && config_.parallel.dp == 1)
     std::printf("lattice: note: parallel.zero_stage=%d with parallel.dp=1 shards over one rank: it runs the "
@@ -423,18 +426,19 @@ void Trainer::print_step(const StepStats& s) const {
   if (dp_ && dp_->ranks() > 1)
     std::snprintf(comm, sizeof comm, " | comm %.0f ms, %.0f%% hidden, %.0f ms exposed", s.comm_ms,
                   100.0 * s.comm_hidden, s.comm_exposed_ms);
-  char tp[64] = "";
+  char bubble[64] = "";
   if (s.pp_bubble >= 0)
-    std::snprintf(tp, sizeof tp, " | bubble %.0f%% (simulated %.0f%%)", 100.0 * s.pp_bubble,
+    std::snprintf(bubble, sizeof bubble, " | bubble %.0f%% (simulated %.0f%%)", 100.0 * s.pp_bubble,
                   100.0 * s.pp_bubble_simulated);
+  char tp[64] = "";
   if (tp_)
     std::snprintf(tp, sizeof tp, " | tp comm %.0f ms (%.0f%%)", s.tp_comm_ms,
                   s.step_ms > 0 ? 100.0 * s.tp_comm_ms / s.step_ms : 0.0);
-  std::printf("step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %.1f ms | %s tok/s | MFU %.1f%% | mem %s%s%s\n",
+  std::printf("step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %.1f ms | %s tok/s | MFU %.1f%% | mem %s%s%s%s\n",
               static_cast<int>(std::to_string(config_.train.steps).size()), static_cast<long long>(s.step),
               static_cast<long long>(config_.train.steps), s.loss, val, s.lr, s.grad_norm, s.step_ms,
               human_count(s.tokens_per_sec).c_str(), 100.0 * s.mfu,
-              format_bytes(static_cast<double>(s.peak_mem_bytes)).c_str(), comm, tp);
+              format_bytes(static_cast<double>(s.peak_mem_bytes)).c_str(), comm, bubble, tp);
   std::fflush(stdout);
 }
 

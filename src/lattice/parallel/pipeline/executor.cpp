@@ -96,10 +96,10 @@ double Executor::run_actions(const std::vector<Action>& actions, const std::vect
   const int me = group_.rank(), S = schedule_.stages;
   const int m = static_cast<int>(batches.size());
   const int64_t N = static_cast<int64_t>(B) * T;
-  int C = 0;
+  int64_t rows = 0, C = 0;
   for (model::GPT* g : stage_of_)
-    if (g) C = g->config().n_embd;
-  const size_t count = static_cast<size_t>(N) * C;  // one activation or gradient
+    if (g) C = g->config().n_embd, rows = g->stage_rows(N);
+  const size_t count = static_cast<size_t>(rows * C);  // one activation or gradient (this rank's rows under SP)
 
   std::map<Key, Pending> mailbox;  // messages received or handed over on this rank
   std::vector<Pending> sends;
