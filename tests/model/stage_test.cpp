@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../io/test_util.h"
 #include "lattice/core/error.h"
 #include "lattice/model/gpt.h"
 
@@ -174,14 +175,7 @@ TEST(PipelineStages, SplitBackwardInAnyOrderOfWeightPasses) {
 
 TEST(PipelineStages, MisuseIsRefusedWithAMessage) {
   const ModelConfig c = tiny();
-  auto error_of = [](auto fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  using io::testing::error_of;
   EXPECT_NE(error_of([&] {
               GPT g(c, 1, nullptr, StageLayers{2, 2});
             }).find("0 <= first < last <= model.n_layer=4"),

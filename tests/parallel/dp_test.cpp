@@ -60,20 +60,8 @@ void write_shard(const fs::path& path, int n, uint64_t seed) {
 }
 
 io::RunConfig base_config() {
-  io::RunConfig c;
-  c.model.n_layer = 2;
-  c.model.n_head = 4;
-  c.model.n_embd = 32;
-  c.model.vocab_size = 101;
-  c.model.seq_len = 16;
-  c.train.steps = kSteps;
-  c.train.threads = 1;
+  io::RunConfig c = mpitest::parity_recipe();
   c.train.global_batch_size = kGlobalBatch;
-  c.optim.lr = 1e-2;
-  c.optim.min_lr = 1e-3;
-  c.optim.warmup_steps = 3;
-  c.optim.grad_clip = 1.0;
-  c.log.every = 1;
   return c;
 }
 

@@ -25,6 +25,27 @@
 
 namespace lattice::mpitest {
 
+// The model and recipe of the PyTorch parity fixture (tests/model/fixtures:
+// L=2, H=4, C=32, V=101, T=16; AdamW lr 1e-2 with 3 warm-up steps and cosine
+// to 1e-3, clipping at 1), 10 steps on one thread per rank: what the
+// tolerances above were derived for. Tests set the layout and batch.
+inline io::RunConfig parity_recipe() {
+  io::RunConfig c;
+  c.model.n_layer = 2;
+  c.model.n_head = 4;
+  c.model.n_embd = 32;
+  c.model.vocab_size = 101;
+  c.model.seq_len = 16;
+  c.train.steps = 10;
+  c.train.threads = 1;
+  c.optim.lr = 1e-2;
+  c.optim.min_lr = 1e-3;
+  c.optim.warmup_steps = 3;
+  c.optim.grad_clip = 1.0;
+  c.log.every = 1;
+  return c;
+}
+
 struct RunResult {
   std::vector<double> losses, norms;
   std::vector<train::HfTensor> params;  // full tensors, HF layout and names

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../io/test_util.h"
 #include "equivalence.h"
 #include "lattice/core/error.h"
 #include "lattice/core/threads.h"
@@ -184,20 +185,11 @@ namespace {
 // ---- through the trainer: lattice train's pipeline path ----
 
 io::RunConfig pp_layout(int pp, const std::string& schedule, int v = 1, int layers = 4) {
-  io::RunConfig c;
+  io::RunConfig c = mpitest::parity_recipe();
   c.model.n_layer = layers;
-  c.model.n_head = 4;
-  c.model.n_embd = 32;
-  c.model.vocab_size = 101;
   c.model.seq_len = T;
-  c.train.steps = kSteps;
-  c.train.threads = 1;
   c.train.micro_batch_size = B;
   c.train.grad_accum_steps = 4;
-  c.optim.lr = 1e-2;
-  c.optim.min_lr = 1e-3;
-  c.optim.warmup_steps = 3;
-  c.optim.grad_clip = 1.0;
   c.parallel.pp = pp;
   c.parallel.schedule = schedule;
   c.parallel.virtual_stages = v;
@@ -307,16 +299,14 @@ TEST(PipelineTrainer, EvaluationMatchesOneProcess) {
   for (size_t i = 0; i < want.size(); i++) EXPECT_NEAR(got[i], want[i], 1e-5 * std::fabs(want[i])) << "eval " << i;
 }
 
+// The message with which building a trainer for `c` on `ranks` fails.
 std::string trainer_error(const io::RunConfig& c, comm::Communicator& ranks) {
-  try {
+  return io::testing::error_of([&] {
     train::TrainerOptions o;
     o.print = false;
     o.ranks = &ranks;
     train::Trainer t(c, o);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  });
 }
 
 TEST(PipelineTrainer, BadPipelineSettingsAreRefusedByName) {

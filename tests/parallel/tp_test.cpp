@@ -320,21 +320,10 @@ TEST(TensorParallel, SplitBackwardEqualsFusedOnSlices) {
 // -------------------------------------------------------- equivalence --
 
 io::RunConfig base_config(int vocab) {
-  io::RunConfig c;
-  c.model.n_layer = 2;
-  c.model.n_head = 4;
-  c.model.n_embd = 32;
+  io::RunConfig c = mpitest::parity_recipe();
   c.model.vocab_size = vocab;
-  c.model.seq_len = 16;
-  c.train.steps = kSteps;
-  c.train.threads = 1;
   c.train.global_batch_size = vocab > 1000 ? 4 : 8;  // GPT-2's vocabulary: fewer rows of logits
   c.train.micro_batch_size = c.train.global_batch_size;
-  c.optim.lr = 1e-2;
-  c.optim.min_lr = 1e-3;
-  c.optim.warmup_steps = 3;
-  c.optim.grad_clip = 1.0;
-  c.log.every = 1;
   return c;
 }
 

@@ -70,8 +70,8 @@ struct Slot {
   float *dlnf, *scratch4c, *scratch_c, *ln_scratch;
   // Pipeline stages: the output's gradient given before the backward (not the
   // last stage), and whether the input's gradient is ready (not the first).
-  std::vector<float> pending_output_grad;
-  bool has_output_grad = false, input_grad_ready = false;
+  const float* output_grad = nullptr;  // set_stage_output_grad's, until the backward reads it
+  bool input_grad_ready = false;
   // State.
   bool has_forward = false, has_backward_input = false, split = false;
 };
@@ -533,7 +533,7 @@ float GPT::forward_stage(int slot_index, const int32_t* inputs, const float* inp
   }
   forward_body(s, inputs, input);
   s.has_forward = true;
-  s.has_output_grad = false;
+  s.output_grad = nullptr;
   s.input_grad_ready = false;
   if (!last_stage()) return 0.0f;
   // logits = LN_f(x_L) · wteᵀ, then loss and dlogits in one pass:
@@ -556,8 +556,7 @@ void GPT::set_stage_output_grad(int slot_index, const float* grad) {
   Slot& s = existing_slot(slots_, slot_index);
   LATTICE_CHECK(s.has_forward && !s.has_backward_input,
                 "set_stage_output_grad on micro-batch slot " << slot_index << " without a pending forward");
-  s.pending_output_grad.assign(grad, grad + rows(static_cast<int64_t>(s.B) * s.T) * config_.n_embd);
-  s.has_output_grad = true;
+  s.output_grad = grad;
 }
 
 const float* GPT::stage_input_grad(int slot_index) {
@@ -909,7 +908,8 @@ void GPT::backward(int slot_index) {
 
 void GPT::release(int slot_index) {
   Slot& s = existing_slot(slots_, slot_index);
-  s.has_forward = s.has_backward_input = s.has_output_grad = false;
+  s.has_forward = s.has_backward_input = false;
+  s.output_grad = nullptr;
 }
 
 // The embedding's gradient is complete after the lookup's scatter-add (first
@@ -925,11 +925,12 @@ void GPT::embedding_weight_with_hooks(Slot& s) {
 void GPT::head_input_with_hooks(Slot& s) {
   if (!last_stage()) {
     // The next stage's gradient of this stage's output starts the backward.
-    LATTICE_CHECK(s.has_output_grad, "backward of pipeline stage [" << first_layer_ << ", " << last_layer_
+    LATTICE_CHECK(s.output_grad, "backward of pipeline stage [" << first_layer_ << ", " << last_layer_
                                                                     << ") before set_stage_output_grad");
     const int64_t N = static_cast<int64_t>(s.B) * s.T;
-    std::memcpy(dx_of(s, local_layers()) + first_row(N) * config_.n_embd, s.pending_output_grad.data(),
-                s.pending_output_grad.size() * sizeof(float));
+    std::memcpy(dx_of(s, local_layers()) + first_row(N) * config_.n_embd, s.output_grad,
+                rows(N) * config_.n_embd * sizeof(float));
+    s.output_grad = nullptr;
     return;
   }
   params_in(embedding_index(), Pass::Backward);

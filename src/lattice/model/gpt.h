@@ -177,7 +177,8 @@ class GPT {
                       float loss_grad_scale);
   // Not the last stage: the output activation of slot's forward (rows × C),
   // valid until the slot's backward; before the slot's backward, the
-  // gradient of the loss with respect to it (copied).
+  // gradient of the loss with respect to it (not copied: `grad` must stay
+  // as it is until the slot's backward or backward_input has read it).
   const float* stage_output(int slot);
   void set_stage_output_grad(int slot, const float* grad);
   // Not the first stage: after backward / backward_input, the gradient with

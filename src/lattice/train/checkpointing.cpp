@@ -28,23 +28,28 @@ static parallel::DataParallel::State state_of(ModelBuffer which) {
   return parallel::DataParallel::State::AdamV;
 }
 
+std::vector<HfTensor> Trainer::assemble_group(const model::ParamGroup& group, const float* local, size_t n,
+                                              bool wanted) {
+  if (!tp_) return wanted ? export_hf_group(group, local) : std::vector<HfTensor>{};
+  // Every TP rank's buffer (the same layout on each), then each sliced
+  // parameter assembled from them.
+  const int t = tp_->size();
+  std::vector<float> all(n * static_cast<size_t>(t));
+  mesh_->tp().all_gather(local, all.data(), n, DType::F32);
+  if (!wanted) return {};
+  std::vector<const float*> bases;
+  for (int r = 0; r < t; r++) bases.push_back(all.data() + static_cast<size_t>(r) * n);
+  return export_hf_group(group, local, bases);
+}
+
 std::vector<HfTensor> Trainer::group_tensors(size_t g, ModelBuffer which, bool all_ranks) {
   const model::ParamGroup& group = model_->groups()[g];
   const size_t capacity = static_cast<size_t>(group.capacity());
   std::vector<float> local(capacity);
   dp_->gather_full(g, state_of(which), local.data());  // this TP rank's slices, whole over DP
-  if (!tp_) return all_ranks || is_root_ ? export_hf_group(group, local.data()) : std::vector<HfTensor>{};
-  // Every TP rank's group buffer (the same layout on each), then each sliced
-  // parameter assembled from them. Only the TP group of the world's root
-  // needs to, unless every rank wants the tensors.
-  if (!all_ranks && mesh_->coord().dp != 0) return {};
-  const int t = tp_->size();
-  std::vector<float> all(capacity * static_cast<size_t>(t));
-  mesh_->tp().all_gather(local.data(), all.data(), capacity, DType::F32);
-  if (!all_ranks && !is_root_) return {};
-  std::vector<const float*> bases;
-  for (int r = 0; r < t; r++) bases.push_back(all.data() + static_cast<size_t>(r) * capacity);
-  return export_hf_group(group, local.data(), bases);
+  // Only the TP group of the world's root needs them, unless every rank does.
+  if (tp_ && !all_ranks && mesh_->coord().dp != 0) return {};
+  return assemble_group(group, local.data(), capacity, all_ranks || is_root_);
 }
 
 std::vector<HfTensor> Trainer::full_tensors(ModelBuffer which) {

@@ -13,7 +13,6 @@
 #include "lattice/io/file_util.h"
 #include "lattice/io/metrics.h"
 #include "lattice/io/safetensors.h"
-#include "lattice/kernels/ops.h"
 #include "lattice/optim/adamw.h"
 #include "lattice/parallel/data/data_parallel.h"
 #include "lattice/parallel/pipeline/executor.h"
@@ -121,16 +120,23 @@ void Trainer::build_pipeline(uint64_t seed) {
   pp.targets.assign(static_cast<size_t>(micro_batches_), std::vector<int32_t>(n));
 }
 
+// The step's micro-batches from `source`, in the pipeline's batch buffers
+// (every stage reads the batch alike: the first uses its tokens, the last its targets).
+std::vector<pipeline::MicroBatch> Trainer::next_batches(BatchSource& source) {
+  Pipeline& pp = *pipe_;
+  std::vector<pipeline::MicroBatch> batches;
+  for (int k = 0; k < micro_batches_; k++) {
+    source.next(pp.inputs[k].data(), pp.targets[k].data());
+    batches.push_back({pp.inputs[k].data(), pp.targets[k].data()});
+  }
+  return batches;
+}
+
 double Trainer::pipeline_step(double* norm_out) {
   Pipeline& pp = *pipe_;
   const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
   for (auto& m : pp.models) m->zero_grad();
-  std::vector<pipeline::MicroBatch> batches;
-  for (int k = 0; k < micro_batches_; k++) {
-    train_data_->next(pp.inputs[k].data(), pp.targets[k].data());  // every stage reads the step's batch alike
-    batches.push_back({pp.inputs[k].data(), pp.targets[k].data()});
-  }
-  double loss = pp.executor->run_step(batches, B, T);
+  double loss = pp.executor->run_step(next_batches(*train_data_), B, T);
   // Data parallelism over pipelines: each replica ran its share of the
   // global batch; gradients are summed over the replicas group by group
   // (the tied embedding's copies alike, so they stay identical), and the
@@ -143,23 +149,8 @@ double Trainer::pipeline_step(double* norm_out) {
     mesh_->dp().all_reduce(&loss, 1, DType::F64, comm::ReduceOp::Sum);
     loss /= replicas;
   }
-  double sum_squares = 0;
-  if (!tp_) {
-    sum_squares = pp.executor->grad_sum_squares();  // over the pipeline, the tied embedding once
-  } else {
-    // Every slice once; a parameter whole on every TP rank (LayerNorms, row
-    // biases, wpe) on TP rank 0 only; the tied embedding on its first stage.
-    for (auto& m : pp.models)
-      for (size_t i = 0; i < m->groups().size(); i++) {
-        if (m->has_embedding() && i == m->embedding_index() && !m->first_stage()) continue;
-        const model::ParamGroup& g = m->groups()[i];
-        for (const model::ParamInfo& info : g.params())
-          if (info.shard.split_dim >= 0 || tp_->rank() == 0)
-            sum_squares += kernels::sum_squares(g.grad() + info.offset, info.numel());
-      }
-    mesh_->pp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
-    mesh_->tp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
-  }
+  double sum_squares = pp.executor->grad_sum_squares();  // over the pipeline, the tied embedding once
+  if (tp_) mesh_->tp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
   const double norm = std::sqrt(sum_squares) / replicas;
   const float lr = optim::lr_at(step_, config_.train.steps, config_.optim.warmup_steps,
                                 static_cast<float>(config_.optim.lr), static_cast<float>(config_.optim.min_lr));
@@ -210,21 +201,10 @@ double Trainer::pipeline_step(double* norm_out) {
 
 double Trainer::pipeline_evaluate() {
   Pipeline& pp = *pipe_;
-  const int B = config_.train.micro_batch_size;
-  std::vector<pipeline::MicroBatch> batches;
-  std::vector<std::vector<int32_t>> in, tg;
   double sum = 0;
   val_data_->reset();
-  for (int i = 0; i < config_.train.eval_steps; i++) {
-    in.assign(static_cast<size_t>(micro_batches_), std::vector<int32_t>(pp.inputs[0].size()));
-    tg = in;
-    batches.clear();
-    for (int k = 0; k < micro_batches_; k++) {
-      val_data_->next(in[k].data(), tg[k].data());
-      batches.push_back({in[k].data(), tg[k].data()});
-    }
-    sum += pp.executor->evaluate(batches, B, config_.model.seq_len);
-  }
+  for (int i = 0; i < config_.train.eval_steps; i++)
+    sum += pp.executor->evaluate(next_batches(*val_data_), config_.train.micro_batch_size, config_.model.seq_len);
   if (mesh_->dp().size() > 1) mesh_->dp().all_reduce(&sum, 1, DType::F64, comm::ReduceOp::Sum);
   return sum / (static_cast<double>(config_.train.eval_steps) * mesh_->dp().size());
 }
@@ -263,17 +243,7 @@ std::vector<HfTensor> Trainer::pipeline_group_tensors(size_t g, ModelBuffer whic
         const float* src = which == ModelBuffer::Params  ? local.data()
                            : which == ModelBuffer::AdamM ? pp.adams[j]->m(i)
                                                          : pp.adams[j]->v(i);
-        std::vector<HfTensor> tensors;
-        if (tp_) {
-          const size_t n = static_cast<size_t>(local.numel());
-          std::vector<float> all(n * static_cast<size_t>(tp_->size()));
-          mesh_->tp().all_gather(src, all.data(), n, DType::F32);
-          std::vector<const float*> bases;
-          for (int r = 0; r < tp_->size(); r++) bases.push_back(all.data() + static_cast<size_t>(r) * n);
-          tensors = export_hf_group(local, src, bases);
-        } else {
-          tensors = export_hf_group(local, src);
-        }
+        const std::vector<HfTensor> tensors = assemble_group(local, src, static_cast<size_t>(local.numel()), true);
         size_t at = 0;
         for (const HfTensor& t : tensors) {
           std::memcpy(flat.data() + at, t.data.data(), t.data.size() * sizeof(float));

@@ -43,6 +43,9 @@ class DataParallel;
 namespace lattice::tensor {
 class TensorParallel;
 }
+namespace lattice::pipeline {
+struct MicroBatch;
+}
 
 namespace lattice::train {
 
@@ -124,6 +127,11 @@ class Trainer {
   // over the TP group. Collective; `all_ranks` false lets ranks other than
   // the world's root skip the TP assembly (they return nothing).
   std::vector<HfTensor> group_tensors(size_t g, ModelBuffer which, bool all_ranks);
+  // A group's full HF tensors from this TP rank's buffer `local` (n floats):
+  // under tensor parallelism every TP rank's buffer is all-gathered
+  // (collective over TP) and each sliced parameter assembled. Empty unless
+  // `wanted` (the gather still runs).
+  std::vector<HfTensor> assemble_group(const model::ParamGroup& group, const float* local, size_t n, bool wanted);
   // Pipeline parallelism (pipeline_training.cpp).
   struct Pipeline;
   void build_pipeline(uint64_t seed);
@@ -133,6 +141,7 @@ class Trainer {
   std::string describe_pipeline() const;
   double pipeline_step(double* norm);  // one step's micro-batches and update; returns the loss
   double pipeline_evaluate();
+  std::vector<pipeline::MicroBatch> next_batches(BatchSource& source);
   // Group g of the whole model (by whole-model index) as HF tensors, on the
   // world's root, or with `all_ranks` on every rank (collective over the
   // pipeline; empty elsewhere).

@@ -244,7 +244,11 @@ double Executor::grad_sum_squares() {
     for (size_t i = 0; i < g->groups().size(); i++) {
       if (g->has_embedding() && i == g->embedding_index() && !g->first_stage()) continue;  // counted on the first stage
       const model::ParamGroup& p = g->groups()[i];
-      sum += kernels::sum_squares(p.grad(), p.numel());
+      // Under tensor parallelism a parameter whole on every TP rank (LayerNorms,
+      // row-parallel biases, wpe) counts on TP rank 0 only; slices count everywhere.
+      for (const model::ParamInfo& info : p.params())
+        if (info.shard.split_dim >= 0 || g->tp_rank() == 0)
+          sum += kernels::sum_squares(p.grad() + info.offset, info.numel());
     }
   }
   group_.all_reduce(&sum, 1, DType::F64, comm::ReduceOp::Sum);

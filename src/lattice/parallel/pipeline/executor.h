@@ -64,7 +64,9 @@ class Executor {
   double evaluate(const std::vector<MicroBatch>& batches, int B, int T);
 
   // Σ g² over every parameter of the pipeline, the tied embedding counted
-  // once (all-reduced over the group, so every rank gets it).
+  // once (all-reduced over the group, so every rank gets it). With tensor
+  // parallelism inside the stages it is this TP rank's share — its slices and,
+  // on TP rank 0, the replicated parameters —, to be summed over the TP group.
   double grad_sum_squares();
 
   // This rank's actions of the last step, timed (seconds from its start).

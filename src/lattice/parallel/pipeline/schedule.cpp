@@ -73,18 +73,32 @@ Schedule gpipe(int p, int m) {
   return s;
 }
 
+// The 1F1B order over `total` items of a rank: `warmup` forwards, then one
+// forward and one backward alternately, then the remaining backwards (the
+// drain). forward(k) and backward(k, drain) append item k's actions.
+template <typename Forward, typename Backward>
+static void one_f_one_b_order(int total, int warmup, Forward forward, Backward backward) {
+  for (int k = 0; k < warmup; k++) forward(k);
+  for (int k = 0; k < total - warmup; k++) {
+    forward(warmup + k);
+    backward(k, false);
+  }
+  for (int k = total - warmup; k < total; k++) backward(k, true);
+}
+
 Schedule one_f_one_b(int p, int m) {
   check_sizes("1f1b", p, 1, m);
   Schedule s = empty_schedule("1f1b", p, 1, m);
   for (int r = 0; r < p; r++) {
     std::vector<Action>& a = s.actions[r];
-    const int warmup = std::min(p - 1 - r, m);
-    for (int k = 0; k < warmup; k++) a.push_back({r, Op::F, k});
-    for (int k = 0; k < m - warmup; k++) {
-      a.push_back({r, Op::F, warmup + k});
-      a.push_back({r, Op::B, k});
-    }
-    for (int k = m - warmup; k < m; k++) a.push_back({r, Op::B, k});
+    one_f_one_b_order(
+        m, std::min(p - 1 - r, m),
+        [&](int k) {
+          a.push_back({r, Op::F, k});
+        },
+        [&](int k, bool) {
+          a.push_back({r, Op::B, k});
+        });
   }
   return s;
 }
@@ -103,15 +117,14 @@ Schedule interleaved_1f1b(int p, int v, int m) {
   auto micro_of = [&](int k) { return (k / (p * v)) * p + k % p; };
   for (int r = 0; r < p; r++) {
     std::vector<Action>& a = s.actions[r];
-    auto forward = [&](int k) { a.push_back({((k / p) % v) * p + r, Op::F, micro_of(k)}); };
-    auto backward = [&](int k) { a.push_back({(v - 1 - (k / p) % v) * p + r, Op::B, micro_of(k)}); };
-    const int warmup = std::min((p - r - 1) * 2 + (v - 1) * p, total);
-    for (int k = 0; k < warmup; k++) forward(k);
-    for (int k = 0; k < total - warmup; k++) {
-      forward(warmup + k);
-      backward(k);
-    }
-    for (int k = total - warmup; k < total; k++) backward(k);
+    one_f_one_b_order(
+        total, std::min((p - r - 1) * 2 + (v - 1) * p, total),
+        [&](int k) {
+          a.push_back({((k / p) % v) * p + r, Op::F, micro_of(k)});
+        },
+        [&](int k, bool) {
+          a.push_back({(v - 1 - (k / p) % v) * p + r, Op::B, micro_of(k)});
+        });
   }
   return s;
 }
@@ -121,23 +134,27 @@ Schedule zb_h1(int p, int m) {
   Schedule s = empty_schedule("zb-h1", p, 1, m);
   for (int r = 0; r < p; r++) {
     std::vector<Action>& a = s.actions[r];
-    const int warmup = std::min(p - 1 - r, m);
     std::vector<int> pending;  // micro-batches whose W is still to run, oldest first
     size_t oldest = 0;
     auto weight = [&] { a.push_back({r, Op::W, pending[oldest++]}); };
     auto deferred = [&] { return static_cast<int>(pending.size() - oldest); };
-    for (int k = 0; k < warmup; k++) a.push_back({r, Op::F, k});
-    for (int k = 0; k < m - warmup; k++) {
-      a.push_back({r, Op::F, warmup + k});
-      a.push_back({r, Op::I, k});
-      pending.push_back(k);
-      while (deferred() > r) weight();  // rank r keeps r weight passes back
-    }
-    for (int k = m - warmup; k < m; k++) {
-      a.push_back({r, Op::I, k});
-      pending.push_back(k);
-      weight();  // the drain: one W after each I, filling the wait for the next
-    }
+    // 1F1B's order with each B split: I in B's place; rank r keeps r weight
+    // passes back, and in the drain runs one W after each I, filling the wait
+    // for the next.
+    one_f_one_b_order(
+        m, std::min(p - 1 - r, m),
+        [&](int k) {
+          a.push_back({r, Op::F, k});
+        },
+        [&](int k, bool drain) {
+          a.push_back({r, Op::I, k});
+          pending.push_back(k);
+          if (drain) {
+            weight();
+          } else {
+            while (deferred() > r) weight();
+          }
+        });
     while (deferred() > 0) weight();
   }
   return s;
