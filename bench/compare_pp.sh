@@ -12,9 +12,9 @@
 #
 # Rows (RxT = ranks x threads per rank):
 #   pp1-m8                  1x1  one process, m=8: the 1.00 of the ratio column
-#   pp2-SCHEDULE-mM         2x1  parallel.pp=2 with gpipe, 1f1b, zb-h1 and interleaved (2 chunks
-#                                per rank) at each m
-#   pp4-SCHEDULE-m8         4x1  memory only (more ranks than cores): gpipe and 1f1b
+#   pp2-SCHEDULE-mM         2x1  parallel.pp=2 with gpipe, 1f1b, zb-h1, interleaved and zb-v (those
+#                                two with 2 chunks per rank) at each m
+#   pp4-SCHEDULE-m8         4x1  memory only (more ranks than cores): every schedule
 # --rows keeps the rows whose name contains any of the comma-separated FILTERs;
 # --repeat R runs every row R times, interleaved, and reports the fastest.
 #
@@ -25,7 +25,8 @@
 #
 # Targets (PASS/MISS lines): pp=2 >= 1.7x the tokens/s of pp=1 at m=8 (best
 # schedule, and 1F1B's); the measured bubble within 0.10 (absolute) of the
-# simulated in every pp=2 row; 1F1B's activation peak below GPipe's at m >= 2p.
+# simulated in every pp=2 row; 1F1B's activation peak below GPipe's at m >= 2p; ZB-V's
+# measured bubble <= 0.25x 1F1B's at m = 2p = 4.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -65,12 +66,15 @@ results="$work/results"
 # name ranks schedule v m
 ROWS=("pp1-m8 1 1f1b 1 8")
 for m in $MICRO; do
-  for s in gpipe 1f1b zb-h1 interleaved; do
-    v=1; [[ $s == interleaved ]] && v=2
+  for s in gpipe 1f1b zb-h1 interleaved zb-v; do
+    v=1; [[ $s == interleaved || $s == zb-v ]] && v=2
     ROWS+=("pp2-$s-m$m 2 $s $v $m")
   done
 done
-ROWS+=("pp4-gpipe-m8 4 gpipe 1 8" "pp4-1f1b-m8 4 1f1b 1 8")
+for s in gpipe 1f1b zb-h1 interleaved zb-v; do
+  v=1; [[ $s == interleaved || $s == zb-v ]] && v=2
+  ROWS+=("pp4-$s-m8 4 $s $v 8")
+done
 
 echo "== peak: $LATTICE_BIN bench peak --json" >&2
 PEAK_JSON=$("$LATTICE_BIN" bench peak --json 2>/dev/null | json_line) || true
@@ -151,5 +155,12 @@ for m in [x for x in (8, 16)]:
     if g and f and tps(g) and tps(f):
         check(f"1F1B's activation peak below GPipe's at m={m}", f["activations_bytes"] < g["activations_bytes"],
               f"{mib(f['activations_bytes']).strip()} vs {mib(g['activations_bytes']).strip()} MiB")
-print("  n/a   ZB-V measured bubble <= 0.25x 1F1B's: ZB-V is not generated yet")
+v, f = best("pp2-zb-v-m4"), best("pp2-1f1b-m4")
+if v and f and tps(v) and tps(f):
+    ratio = v["pp_bubble"] / f["pp_bubble"] if f["pp_bubble"] > 0 else float("inf")
+    check("ZB-V measured bubble <= 0.25x 1F1B's at m = 2p = 4", ratio <= 0.25,
+          f"{100 * v['pp_bubble']:.1f}% vs {100 * f['pp_bubble']:.1f}% = {ratio:.2f}x "
+          f"(simulated {100 * v['pp_bubble_simulated']:.1f}% vs {100 * f['pp_bubble_simulated']:.1f}%)")
+else:
+    check("ZB-V measured bubble <= 0.25x 1F1B's at m = 2p = 4", None, "no rows (--micro without 4?)")
 PY

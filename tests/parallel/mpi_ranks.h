@@ -35,8 +35,8 @@ inline comm::Communicator& groups_of(int size) {
 
 // The same fresh directory on every rank: $TMPDIR/<prefix>_<rank 0's pid>/<name>.
 inline std::filesystem::path shared_dir(const std::string& prefix, const std::string& name) {
-  float pid = static_cast<float>(comm::world_rank() == 0 ? ::getpid() : 0);
-  world().all_reduce(&pid, 1, DType::F32, comm::ReduceOp::Max);
+  double pid = comm::world_rank() == 0 ? static_cast<double>(::getpid()) : 0.0;  // exact, unlike a float
+  world().all_reduce(&pid, 1, DType::F64, comm::ReduceOp::Max);
   std::filesystem::path p =
       std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(static_cast<long>(pid))) / name;
   if (world().rank() == 0) {

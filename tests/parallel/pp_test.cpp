@@ -149,9 +149,11 @@ TEST(PipelineExecutor, EveryScheduleTrainsTheOneProcessModel) {
                     std::string(name) + " pp=" + std::to_string(p) + " m=" + std::to_string(m));
       }
       // Interleaved: 2 chunks per rank, so 2p stages of the 8-layer model.
-      const Schedule s = make_schedule("interleaved", p, 2, m);
-      expect_same(pipelined(s, 8, groups_of(p), nullptr), want8,
-                  "interleaved v=2 pp=" + std::to_string(p) + " m=" + std::to_string(m));
+      for (const char* name : {"interleaved", "zb-v"}) {
+        const Schedule s = make_schedule(name, p, 2, m);
+        expect_same(pipelined(s, 8, groups_of(p), nullptr), want8,
+                    std::string(name) + " v=2 pp=" + std::to_string(p) + " m=" + std::to_string(m));
+      }
     }
   }
 }
@@ -215,8 +217,9 @@ TEST(PipelineTrainer, LatticeTrainAtPpTrainsTheOneProcessModel) {
     for (const char* s : {"gpipe", "1f1b", "zb-h1"})
       mpitest::expect_same_run(mpitest::train_run(pp_layout(p, s), groups_of(p)), want,
                                std::string(s) + " pp=" + std::to_string(p));
-    mpitest::expect_same_run(mpitest::train_run(pp_layout(p, "interleaved", 2, 8), groups_of(p)), want8,
-                             "interleaved pp=" + std::to_string(p));
+    for (const char* s : {"interleaved", "zb-v"})
+      mpitest::expect_same_run(mpitest::train_run(pp_layout(p, s, 2, 8), groups_of(p)), want8,
+                               std::string(s) + " v=2 pp=" + std::to_string(p));
     // An explicit cut: the first stage takes one layer, the last the rest.
     io::RunConfig c = pp_layout(p, "1f1b");
     c.parallel.partition = p == 2 ? "1,3" : "1,1,1,1";
@@ -320,7 +323,7 @@ TEST(PipelineTrainer, BadPipelineSettingsAreRefusedByName) {
   c.train.grad_accum_steps = 3;  // not a multiple of pp
   has(trainer_error(c, pairs), "must be a multiple of parallel.pp=2");
   has(trainer_error(pp_layout(2, "pipedream"), pairs), "parallel.schedule=\"pipedream\" is not a schedule");
-  has(trainer_error(pp_layout(2, "zb-v"), pairs), "not generated yet");
+  has(trainer_error(pp_layout(2, "zb-v"), pairs), "zb-v schedule: two chunks per rank (parallel.virtual_stages=2)");
   has(trainer_error(pp_layout(2, "csv:/nonexistent/schedule.csv"), pairs), "/nonexistent/schedule.csv");
   has(trainer_error(pp_layout(1, "gpipe"), mpitest::self()), "applies to pipeline parallelism");
   c = pp_layout(2, "1f1b");

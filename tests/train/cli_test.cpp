@@ -222,9 +222,12 @@ TEST(Cli, ScheduleCommandWritesAndInspectReads) {
   r = run("schedule " + (dir / "bad.csv").string());
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("deadlock: rank 0 action 2 '0B0'"), std::string::npos) << r.output;
-  r = run("schedule zb-v");
+  r = run("schedule zb-v --pp 2 --micro-batches 4");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("bubble 0.0400 (lower bound 0.0400)"), std::string::npos) << r.output;
+  r = run("schedule zb-v --virtual-stages 3");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.output.find("not generated yet"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("zb-v schedule: two chunks per rank"), std::string::npos) << r.output;
   r = run("schedule 1f1b --costs 1,x,1");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("--costs needs a number > 0, got 'x'"), std::string::npos) << r.output;

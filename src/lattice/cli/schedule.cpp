@@ -18,8 +18,8 @@ static const char* kScheduleHelp =
     "usage: lattice schedule NAME|FILE.csv [--pp P] [--micro-batches M] [--virtual-stages V]\n"
     "                        [--costs F,I,W] [--transfer T] [--csv OUT] [--trace OUT.json] [--plot OUT.svg]\n"
     "\n"
-    "Generates a pipeline schedule (NAME: gpipe, 1f1b, interleaved, zb-h1; defaults --pp 4\n"
-    "--micro-batches 8, --virtual-stages 2 for interleaved) or reads one in PyTorch's\n"
+    "Generates a pipeline schedule (NAME: gpipe, 1f1b, interleaved, zb-h1, zb-v; defaults\n"
+    "--pp 4 --micro-batches 8, --virtual-stages 2 for interleaved and zb-v) or reads one in PyTorch's\n"
     "compute-only CSV format (a row per rank, cells like 0F3 1I3 1W3 2B0), validates it\n"
     "and simulates it: per-rank lists, makespan, bubble (beside the formula), peak\n"
     "in-flight micro-batches. --costs sets the time of a forward, an input backward and\n"
@@ -77,13 +77,13 @@ static int run_schedule(const std::vector<std::string>& args) {
       what = a;
     }
   }
-  LATTICE_CHECK(!what.empty(), "lattice schedule needs a NAME (gpipe, 1f1b, interleaved, zb-h1) or a FILE.csv");
+  LATTICE_CHECK(!what.empty(), "lattice schedule needs a NAME (gpipe, 1f1b, interleaved, zb-h1, zb-v) or a FILE.csv");
   const bool from_file = what.size() > 4 && what.compare(what.size() - 4, 4, ".csv") == 0;
   const pipeline::Schedule s = from_file ? pipeline::from_csv(io::read_whole_file(what, "schedule"), what)
                                          : pipeline::make_schedule(what, p,
-                                                                   v > 0                   ? v
-                                                                   : what == "interleaved" ? 2
-                                                                                           : 1,
+                                                                   v > 0 ? v
+                                                                   : what == "interleaved" || what == "zb-v" ? 2
+                                                                                                             : 1,
                                                                    m);
   const pipeline::Simulation sim = print_schedule_report(s, costs);
   if (!csv_out.empty()) {

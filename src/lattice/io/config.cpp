@@ -120,9 +120,9 @@ const std::vector<Key>& keys() {
             "keep the LayerNorm and residual activations as sequence slices over the TP group (needs parallel.tp > 1)"),
         key<&R::parallel, &ParallelSection::schedule>(
             "parallel", "schedule", any(),
-            "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1, or csv:FILE (PyTorch's compute-only format)"),
+            "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1, zb-v, or csv:FILE (PyTorch's compute-only format)"),
         key<&R::parallel, &ParallelSection::virtual_stages>(
-            "parallel", "virtual_stages", at_least(1), "model chunks per pipeline rank (interleaved schedule)"),
+            "parallel", "virtual_stages", at_least(1), "model chunks per pipeline rank (interleaved: >= 2; zb-v: 2)"),
         key<&R::parallel, &ParallelSection::partition>(
             "parallel", "partition", any(),
             "layers per pipeline stage, comma-separated, e.g. \"5,4,3\" (empty = balanced by estimated cost)"),
@@ -648,8 +648,8 @@ void check_cross_keys(const RunConfig& cfg) {
     const std::string& s = par.schedule;
     LATTICE_CHECK(s == "gpipe" || s == "1f1b" || s == "interleaved" || s == "zb-h1" || s == "zb-v" ||
                       (s.rfind("csv:", 0) == 0 && s.size() > 4),
-                  "parallel.schedule=\"" << s << "\" is not a schedule (gpipe, 1f1b, interleaved, zb-h1, or "
-                                                  "csv:FILE)");
+                  "parallel.schedule=\"" << s << "\" is not a schedule (gpipe, 1f1b, interleaved, zb-h1, zb-v, "
+                                                  "or csv:FILE)");
   }
   if (par.pp == 1) {
     LATTICE_CHECK(cfg.log.trace_file.empty(), "log.trace_file=\"" << cfg.log.trace_file

@@ -71,7 +71,7 @@ void Trainer::build_pipeline(uint64_t seed) {
   pipeline::validate(pp.schedule);
   const int S = pp.schedule.stages, T = config_.model.seq_len;
   if (p.partition.empty()) {
-    pp.cut = pipeline::balanced_partition(pipeline::layer_costs(model_config_, T), S);
+    pp.cut = pipeline::balanced_partition(pipeline::layer_costs(model_config_, T), S, pp.schedule.rank_of_stage);
   } else {
     std::vector<int> layers;
     size_t begin = 0;

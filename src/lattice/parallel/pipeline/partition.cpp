@@ -52,6 +52,43 @@ std::vector<ChunkLayers> balanced_partition(const std::vector<double>& costs, in
   return out;
 }
 
+std::vector<ChunkLayers> balanced_partition(const std::vector<double>& costs, int chunks,
+                                            const std::vector<int>& rank_of_chunk) {
+  std::vector<ChunkLayers> cut = balanced_partition(costs, chunks);
+  LATTICE_CHECK(static_cast<int>(rank_of_chunk.size()) == chunks,
+                "balanced_partition: " << rank_of_chunk.size() << " placements for " << chunks << " chunks");
+  const int L = static_cast<int>(costs.size()) - 2;
+  const int ranks = *std::max_element(rank_of_chunk.begin(), rank_of_chunk.end()) + 1;
+  // (most loaded rank, most expensive chunk) of a cut.
+  auto score = [&](const std::vector<ChunkLayers>& c) {
+    std::vector<double> load(static_cast<size_t>(ranks), 0.0);
+    double chunk_max = 0;
+    for (int k = 0; k < chunks; k++) {
+      double x = (k == 0 ? costs[0] : 0.0) + (k == chunks - 1 ? costs[L + 1] : 0.0);
+      for (int l = c[k].first; l < c[k].last; l++) x += costs[l + 1];
+      load[rank_of_chunk[k]] += x;
+      chunk_max = std::max(chunk_max, x);
+    }
+    return std::make_pair(*std::max_element(load.begin(), load.end()), chunk_max);
+  };
+  auto better = [](std::pair<double, double> a, std::pair<double, double> b) {
+    const double eps = 1e-9 * std::max(1.0, b.first);
+    return a.first < b.first - eps || (a.first <= b.first + eps && a.second < b.second - eps);
+  };
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int k = 1; k < chunks; k++)  // the boundary between chunks k-1 and k
+      for (int delta : {-1, 1}) {
+        std::vector<ChunkLayers> c = cut;
+        c[k - 1].last += delta;
+        c[k].first += delta;
+        if (c[k - 1].last <= c[k - 1].first || c[k].first >= c[k].last) continue;
+        if (better(score(c), score(cut))) cut = std::move(c), moved = true;
+      }
+  }
+  return cut;
+}
+
 std::vector<ChunkLayers> explicit_partition(const std::vector<int>& layers_per_chunk, int layers, int chunks,
                                             const std::string& what) {
   LATTICE_CHECK(static_cast<int>(layers_per_chunk.size()) == chunks,

@@ -29,6 +29,14 @@ std::vector<double> layer_costs(const model::ModelConfig& c, int T);
 // embedding's goes to the first chunk, the head's to the last). Ties go to
 // the earlier cut. Clear error when chunks > L.
 std::vector<ChunkLayers> balanced_partition(const std::vector<double>& costs, int chunks);
+// The same for chunks placed on ranks (rank_of_chunk[c], as Schedule's
+// rank_of_stage): with several chunks per rank what keeps the pipeline busy
+// is each rank's total, and the best cut by chunk can leave it unequal — ZB-V
+// puts the first chunk (embedding) and the last (head) both on rank 0. From
+// the cut above, boundaries move one layer at a time while that lowers the
+// most loaded rank's total (then the most expensive chunk).
+std::vector<ChunkLayers> balanced_partition(const std::vector<double>& costs, int chunks,
+                                            const std::vector<int>& rank_of_chunk);
 
 // An explicit cut: layers per chunk, which must cover all L layers, each
 // chunk at least one. `what` names the setting in errors.

@@ -160,6 +160,143 @@ Schedule zb_h1(int p, int m) {
   return s;
 }
 
+// ZB-V by list scheduling at unit costs. The ranks are simulated together
+// in time order; whenever a rank is free it runs, of the actions whose inputs
+// have arrived: the oldest micro-batch's input backward I (the chain everyone
+// downstream waits for), else the next forward of chunk 1 (the return leg of
+// the V, which starts that micro-batch's backward), else the next forward of
+// chunk 0. With none of them ready it runs a deferred W — unless an action
+// whose input is already on its way would arrive before the W ends (a W must
+// not delay the critical path) — or waits.
+//
+// Memory: a chunk's activations are held from its F to its W, at most 2p
+// chunks per rank (p stage equivalents, 1F1B's peak). A forward of chunk 0
+// starts a micro-batch that this rank must later also run through chunk 1,
+// so it is admitted only while the held chunks plus those reserved return
+// forwards stay within 2p (less `slack` of the reservation: looser variants
+// can fill the warm-up better, or deadlock, which is detected). Returns false
+// on a deadlock; fills `out` (stages already placed) otherwise.
+static bool zb_v_attempt(int p, int m, int slack, Schedule* out, double* makespan) {
+  const int S = 2 * p, limit = 2 * p, per_rank = 6 * m;  // F, I, W of two chunks
+  auto idx = [m](int stage, int micro) { return static_cast<size_t>(stage) * m + micro; };
+  std::vector<double> f_end(static_cast<size_t>(S) * m, -1), i_end(static_cast<size_t>(S) * m, -1);
+  // When action (stage, F or I, micro)'s inputs are ready; -1 while a dependency is unscheduled.
+  auto ready_at = [&](int stage, Op op, int k) -> double {
+    if (op == Op::F) return stage == 0 ? 0.0 : f_end[idx(stage - 1, k)];
+    const double f = f_end[idx(stage, k)];
+    if (f < 0 || stage == S - 1) return f;
+    const double g = i_end[idx(stage + 1, k)];
+    return g < 0 ? -1 : std::max(f, g);
+  };
+  struct RankState {
+    double free = 0, stuck = -1;  // stuck: found nothing to do at this time, let the others go first
+    int next_f[2] = {0, 0}, next_i[2] = {0, 0};
+    int held = 0, done = 0;
+    std::vector<Action> weights;  // deferred W, oldest first
+    size_t oldest = 0;
+  };
+  std::vector<RankState> ranks(static_cast<size_t>(p));
+  struct Candidate {
+    Op op;
+    int chunk, micro;
+    double ready;
+  };
+  *makespan = 0;
+  for (int64_t remaining = static_cast<int64_t>(p) * per_rank; remaining > 0;) {
+    int r = -1;  // the free rank earliest in time (not yet stuck there), lowest index first
+    for (int x = 0; x < p; x++) {
+      const RankState& c = ranks[x];
+      if (c.done == per_rank) continue;
+      if (r < 0 || c.free < ranks[r].free || (c.free == ranks[r].free && c.stuck != c.free && ranks[r].stuck == ranks[r].free))
+        r = x;
+    }
+    RankState& me = ranks[r];
+    const double t = me.free;
+    const int stage[2] = {r, S - 1 - r};
+    std::vector<Candidate> cands;
+    for (int c = 1; c >= 0; c--)
+      if (me.next_i[c] < me.next_f[c]) cands.push_back({Op::I, c, me.next_i[c], ready_at(stage[c], Op::I, me.next_i[c])});
+    for (int c = 1; c >= 0; c--) {
+      if (me.next_f[c] == m) continue;
+      const int reserve = c == 0 ? std::max(1, me.next_f[0] + 1 - me.next_f[1] - slack) : 1;
+      if (me.held + reserve <= limit) cands.push_back({Op::F, c, me.next_f[c], ready_at(stage[c], Op::F, me.next_f[c])});
+    }
+    const Candidate* pick = nullptr;
+    double soon = -1;  // the earliest known arrival of a candidate's input
+    for (const Candidate& c : cands) {
+      if (c.ready >= 0 && c.ready <= t) {
+        const bool better = !pick || (c.op == Op::I && pick->op != Op::I) ||
+                            (c.op == Op::I && pick->op == Op::I && c.micro < pick->micro);
+        if (better) pick = &c;
+      } else if (c.ready >= 0 && (soon < 0 || c.ready < soon)) {
+        soon = c.ready;
+      }
+    }
+    const bool weight_waits = me.oldest < me.weights.size();
+    if (!pick && weight_waits && (soon < 0 || soon >= t + 1)) {
+      out->actions[r].push_back(me.weights[me.oldest++]);
+      me.held--;
+      me.free = t + 1;
+    } else if (pick) {
+      const int st = stage[pick->chunk];
+      out->actions[r].push_back({st, pick->op, pick->micro});
+      me.free = t + 1;
+      if (pick->op == Op::F) {
+        f_end[idx(st, pick->micro)] = me.free;
+        me.next_f[pick->chunk]++;
+        me.held++;
+      } else {
+        i_end[idx(st, pick->micro)] = me.free;
+        me.next_i[pick->chunk]++;
+        me.weights.push_back({st, Op::W, pick->micro});
+      }
+    } else if (soon >= 0) {
+      me.free = soon;  // wait for the input on its way
+      continue;
+    } else {
+      // Nothing known to arrive: let the other ranks free at this time go
+      // first, else wait until some rank is free again.
+      bool others = false;
+      double later = -1;
+      for (int x = 0; x < p; x++) {
+        const RankState& c = ranks[x];
+        if (x == r || c.done == per_rank) continue;
+        if (c.free == t && c.stuck != t) others = true;
+        if (c.free > t && (later < 0 || c.free < later)) later = c.free;
+      }
+      if (others) {
+        me.stuck = t;
+      } else if (later >= 0) {
+        me.free = later;
+      } else {
+        return false;  // every rank waits for another
+      }
+      continue;
+    }
+    me.done++;
+    remaining--;
+    *makespan = std::max(*makespan, me.free);
+  }
+  return true;
+}
+
+Schedule zb_v(int p, int m) {
+  check_sizes("zb-v", p, 2, m);
+  Schedule best;
+  double best_makespan = 0;
+  for (int slack = 0; slack <= 2; slack++) {
+    Schedule s = empty_schedule("zb-v", p, 2, m);
+    for (int st = p; st < 2 * p; st++) s.rank_of_stage[st] = 2 * p - 1 - st;  // the V: chunk 1 comes back up
+    double makespan = 0;
+    if (zb_v_attempt(p, m, slack, &s, &makespan) && (best.actions.empty() || makespan < best_makespan)) {
+      best = std::move(s);
+      best_makespan = makespan;
+    }
+  }
+  LATTICE_CHECK(!best.actions.empty(), "internal: no ZB-V schedule for p=" << p << ", m=" << m);
+  return best;
+}
+
 Schedule make_schedule(const std::string& name, int p, int v, int m) {
   if (name == "gpipe" || name == "1f1b" || name == "zb-h1") {
     LATTICE_CHECK(v == 1, name << " schedule: one chunk per rank (parallel.virtual_stages=1), got " << v
@@ -167,10 +304,12 @@ Schedule make_schedule(const std::string& name, int p, int v, int m) {
     return name == "gpipe" ? gpipe(p, m) : name == "1f1b" ? one_f_one_b(p, m) : zb_h1(p, m);
   }
   if (name == "interleaved") return interleaved_1f1b(p, v, m);
-  LATTICE_CHECK(name != "zb-v",
-                "schedule 'zb-v': the V-shaped zero-bubble schedule is not generated yet; use "
-                "gpipe, 1f1b, interleaved or zb-h1, or write one as a CSV");
-  LATTICE_FAIL("unknown pipeline schedule '" << name << "' (known: gpipe, 1f1b, interleaved, zb-h1)");
+  if (name == "zb-v") {
+    LATTICE_CHECK(v == 2, "zb-v schedule: two chunks per rank (parallel.virtual_stages=2), got "
+                              << v << "; the V places stage r and stage 2p-1-r on rank r");
+    return zb_v(p, m);
+  }
+  LATTICE_FAIL("unknown pipeline schedule '" << name << "' (known: gpipe, 1f1b, interleaved, zb-h1, zb-v)");
 }
 
 // ---- CSV ----

@@ -80,8 +80,20 @@ Schedule interleaved_1f1b(int p, int v, int m);
 // the drain, filling the waits. With F = I = W its bubble is
 // (p-1)/(3m+p-1), a third of 1F1B's plus 2(p-1)/(3(3m+p-1)) of it.
 Schedule zb_h1(int p, int m);
-// By name: "gpipe", "1f1b", "zb-h1", "interleaved" (v >= 2). Clear errors for
-// a bad p, v or m, an unknown name, and "zb-v", which is not generated yet.
+// ZB-V (Qi et al. 2024, the V-shaped zero-bubble schedule): two chunks per
+// rank placed as a V — stage r and stage 2p-1-r on rank r, so rank 0 holds
+// the first and the last stage and rank p-1 hands stage p-1's output to its
+// own stage p — with the backward split into I and W. The order comes from
+// list scheduling at unit costs (schedule.cpp): input backwards first, then
+// the V's return-leg forwards, then its downward forwards, deferred W's
+// filling every wait they fit, at most 2p chunks' activations held per rank
+// (p stage equivalents: 1F1B's peak). Every rank runs 6m unit actions and
+// rank p-1's first input arrives after p-1 forwards, so no schedule beats a
+// bubble of (p-1)/(6m+p-1); this one reaches it, or comes within two
+// actions of it for p <= 8 and m >= 2p (about 0.2x of 1F1B's bubble at m = 2p).
+Schedule zb_v(int p, int m);
+// By name: "gpipe", "1f1b", "zb-h1", "interleaved" (v >= 2), "zb-v" (v = 2).
+// Clear errors for a bad p, v or m and an unknown name.
 Schedule make_schedule(const std::string& name, int p, int v, int m);
 
 // ---- PyTorch's compute-only CSV ----
