@@ -165,7 +165,7 @@ TEST(Config, WrongTypesAndRanges) {
   EXPECT_ERROR_CONTAINS(parse("", {"compression.grad=zip"}),
                         "compression.grad must be one of none, int8, topk, onebit, got \"zip\"");
   EXPECT_ERROR_CONTAINS(parse("", {"parallel.schedule=2f2b"}),
-                        "parallel.schedule=\"2f2b\" is not a schedule (gpipe, 1f1b, interleaved, zb-h1, or csv:FILE)");
+                        "parallel.schedule=\"2f2b\" is not a schedule (gpipe, 1f1b, interleaved, zb-h1, zb-v, or csv:FILE)");
   EXPECT_ERROR_CONTAINS(parse("", {"parallel.schedule=gpipe"}),
                         "parallel.schedule=\"gpipe\" applies to pipeline parallelism: set parallel.pp > 1");
   EXPECT_ERROR_CONTAINS(parse("", {"parallel.virtual_stages=2"}),
