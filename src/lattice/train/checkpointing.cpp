@@ -181,7 +181,7 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
                 "checkpoint '" << step_dir << "/meta.json' has a malformed step, adam_steps or tokens_seen");
   step_ = step;
   if (pipe_) {
-    for (auto& a : pipe_->adams) a->set_steps_taken(adam);
+    pipe_->optimizer->optimizer().set_steps_taken(adam);
   } else {
     optimizer().set_steps_taken(adam);
   }

@@ -10,6 +10,7 @@
 #include "lattice/parallel/pipeline/executor.h"
 #include "lattice/parallel/pipeline/partition.h"
 #include "lattice/parallel/pipeline/schedule.h"
+#include "lattice/parallel/zero/distributed_optimizer.h"
 #include "lattice/train/trainer.h"
 
 namespace lattice::train {
@@ -19,7 +20,8 @@ struct Trainer::Pipeline {
   std::vector<pipeline::ChunkLayers> cut;            // layers of each stage
   std::vector<std::unique_ptr<model::GPT>> models;   // this rank's stages, in stage order
   std::vector<int> model_stage;                      // their stage indices
-  std::vector<std::unique_ptr<optim::AdamW>> adams;  // one per model
+  // AdamW over every model, with data parallelism (ZeRO 0 or 1) over the replicas.
+  std::unique_ptr<parallel::DistributedOptimizer> optimizer;
   std::unique_ptr<model::GPT> whole;                 // the whole model, declared only (checkpoint layout)
   std::unique_ptr<pipeline::Executor> executor;
   std::vector<std::vector<int32_t>> inputs, targets;  // per micro-batch

@@ -1,8 +1,10 @@
 // The trainer under pipeline parallelism (parallel.pp > 1): this rank's stage
-// models (model::StageLayers, a balanced cut of the layers), one AdamW per
-// stage model, and the executor running the configured schedule
-// (parallel/pipeline/). Data parallelism, tensor parallelism and ZeRO do not
-// compose with it yet; the trainer refuses those layouts by name.
+// models (model::StageLayers, a balanced cut of the layers, tensor-parallel
+// slices under parallel.tp > 1), the executor running the configured schedule
+// (parallel/pipeline/), and one DistributedOptimizer over the stage models
+// for data parallelism over the pipelines, at ZeRO stage 0 or 1
+// (parallel/zero/distributed_optimizer.h): a stage's gradients are reduced
+// over the replicas as soon as its last backward of the step has run.
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -27,7 +29,7 @@ namespace lattice::train {
 
 model::GPT& Trainer::model() { return pipe_ ? *pipe_->models.front() : *model_; }
 
-optim::AdamW& Trainer::optimizer() { return pipe_ ? *pipe_->adams.front() : dp_->optimizer(); }
+optim::AdamW& Trainer::optimizer() { return pipe_ ? pipe_->optimizer->optimizer() : dp_->optimizer(); }
 
 Trainer::~Trainer() = default;
 
@@ -45,14 +47,23 @@ std::string Trainer::describe_pipeline() const {
   out += ", " + std::to_string(pp.schedule.micro_batches) +
          " micro-batches per step; simulated bubble at equal costs " +
          std::to_string(pipeline::simulate(pp.schedule).bubble).substr(0, 5);
+  if (pp.optimizer->ranks() > 1)
+    out += "; " + std::to_string(pp.optimizer->ranks()) + " data-parallel replicas, ZeRO stage " +
+           std::to_string(pp.optimizer->stage()) +
+           (pp.optimizer->stage() == 1 ? " (Adam moments sharded)" : " (gradients all-reduced)");
   return out;
 }
 
 void Trainer::build_pipeline(uint64_t seed) {
   const auto& p = config_.parallel;
-  LATTICE_CHECK(p.zero_stage == 0 && config_.zero.offload == "none",
-                "parallel.pp=" << p.pp << ": ZeRO (parallel.zero_stage=" << p.zero_stage << ", zero.offload="
-                               << config_.zero.offload << ") does not compose with pipeline parallelism yet");
+  // A stage's gradient accumulates over the step's interleaved micro-batches:
+  // ZeRO-2 would reduce every micro-batch's gradient and ZeRO-3 gather every
+  // chunk's parameters for each of its 2m passes (distributed_optimizer.h).
+  LATTICE_CHECK(p.zero_stage <= 1, "parallel.pp=" << p.pp << ": parallel.zero_stage=" << p.zero_stage
+                                                  << " does not compose with pipeline parallelism yet (stage 1, "
+                                                     "the Adam moments sharded over the replicas, does)");
+  LATTICE_CHECK(config_.zero.offload == "none", "parallel.pp=" << p.pp << ": zero.offload=\"" << config_.zero.offload
+                                                               << "\" does not compose with pipeline parallelism yet");
   pipe_ = std::make_unique<Pipeline>();
   Pipeline& pp = *pipe_;
   const std::string& name = p.schedule;
@@ -104,11 +115,18 @@ void Trainer::build_pipeline(uint64_t seed) {
     pp.models.push_back(draw ? std::make_unique<model::GPT>(model_config_, seed, tp_.get(), layers)
                              : std::make_unique<model::GPT>(model_config_, model::GPT::NoInit{}, tp_.get(), layers));
     pp.model_stage.push_back(s);
-    pp.adams.push_back(std::make_unique<optim::AdamW>(pp.models.back()->groups(), adam));
     mine.push_back(pp.models.back().get());
   }
   pp.whole = std::make_unique<model::GPT>(model_config_, model::GPT::Unallocated{});
+  pp.optimizer = std::make_unique<parallel::DistributedOptimizer>(mine, mesh_->dp(), p.zero_stage,
+                                                                  p.bucket_mb * 1024.0 * 1024.0, adam);
   pp.executor = std::make_unique<pipeline::Executor>(pp.schedule, mine, mesh_->pp());
+  // A stage's gradients (but the tied embedding's) go to the replicas as soon
+  // as its last backward has run, overlapping the rest of the schedule.
+  pp.executor->on_stage_done([&pp](int stage) {
+    for (size_t j = 0; j < pp.models.size(); j++)
+      if (pp.model_stage[j] == stage) pp.optimizer->reduce(j, false);
+  });
   if (!config_.checkpoint.init_from.empty()) {
     io::SafeTensorsReader file(config_.checkpoint.init_from);
     const HfSource src = safetensors_source(file, config_.checkpoint.init_from);
@@ -138,18 +156,23 @@ double Trainer::pipeline_step(double* norm_out) {
   for (auto& m : pp.models) m->zero_grad();
   double loss = pp.executor->run_step(next_batches(*train_data_), B, T);
   // Data parallelism over pipelines: each replica ran its share of the
-  // global batch; gradients are summed over the replicas group by group
-  // (the tied embedding's copies alike, so they stay identical), and the
-  // loss, the norm and the update are of the mean.
+  // global batch. Every stage's gradients are on their way to the other
+  // replicas since its last backward; the tied embedding's, summed between
+  // its two stages at the end of the step, go now. The loss, the norm and
+  // the update are of the mean.
   const int replicas = mesh_->dp().size();
+  for (size_t j = 0; j < pp.models.size(); j++) pp.optimizer->reduce(j, true);
+  pp.optimizer->finish_reductions();
   if (replicas > 1) {
-    for (auto& m : pp.models)
-      for (model::ParamGroup& g : m->groups())
-        mesh_->dp().all_reduce(g.grad_storage(), static_cast<size_t>(g.numel()), DType::F32, comm::ReduceOp::Sum);
     mesh_->dp().all_reduce(&loss, 1, DType::F64, comm::ReduceOp::Sum);
     loss /= replicas;
   }
-  double sum_squares = pp.executor->grad_sum_squares();  // over the pipeline, the tied embedding once
+  // Over the pipeline: each stage's parameters, the tied embedding once,
+  // TP-replicated parameters on TP rank 0 (pipeline::counts_in_norm).
+  double sum_squares = pp.optimizer->grad_sum_squares([&pp](size_t j, size_t g, const model::ParamInfo& info) {
+    return pipeline::counts_in_norm(*pp.models[j], g, info);
+  });
+  mesh_->pp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
   if (tp_) mesh_->tp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
   const double norm = std::sqrt(sum_squares) / replicas;
   const float lr = optim::lr_at(step_, config_.train.steps, config_.optim.warmup_steps,
@@ -159,7 +182,7 @@ double Trainer::pipeline_step(double* norm_out) {
                         << " is not finite; lower optim.lr or check the data");
   const float scale =
       optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) / static_cast<float>(replicas);
-  for (auto& a : pp.adams) a->step(lr, scale);
+  pp.optimizer->step(lr, scale);
   // The measured bubble beside the simulator's, fed this step's mean cost of
   // each kind of action on each stage (a full B counted as equal I and W halves).
   const auto timelines = pp.executor->gather_timelines();
@@ -240,9 +263,15 @@ std::vector<HfTensor> Trainer::pipeline_group_tensors(size_t g, ModelBuffer whic
       for (size_t i = 0; i < m.groups().size(); i++) {
         const model::ParamGroup& local = m.groups()[i];
         if (local.name() != shape.name()) continue;
-        const float* src = which == ModelBuffer::Params  ? local.data()
-                           : which == ModelBuffer::AdamM ? pp.adams[j]->m(i)
-                                                         : pp.adams[j]->v(i);
+        // Moments whole over the replicas (collective over the data-parallel
+        // group: its ranks all own this stage).
+        std::vector<float> moments;
+        if (which != ModelBuffer::Params) {
+          moments.assign(static_cast<size_t>(local.capacity()), 0.0f);
+          pp.optimizer->gather_moments(
+              j, i, which == ModelBuffer::AdamM ? optim::StateStore::kM : optim::StateStore::kV, moments.data());
+        }
+        const float* src = which == ModelBuffer::Params ? local.data() : moments.data();
         const std::vector<HfTensor> tensors = assemble_group(local, src, static_cast<size_t>(local.numel()), true);
         size_t at = 0;
         for (const HfTensor& t : tensors) {
@@ -289,8 +318,11 @@ void Trainer::load_pipeline_state(const HfSource sources[3]) {
     for (size_t i = 0; i < m.groups().size(); i++) {
       model::ParamGroup& g = m.groups()[i];
       import_hf_group(g, g.data(), sources[0]);
-      import_hf_group(g, pp.adams[j]->m(i), sources[1]);
-      import_hf_group(g, pp.adams[j]->v(i), sources[2]);
+      std::vector<float> full(static_cast<size_t>(g.capacity()), 0.0f);
+      for (int k = 1; k < 3; k++) {
+        import_hf_group(g, full.data(), sources[k]);
+        pp.optimizer->load_moments(j, i, k == 1 ? optim::StateStore::kM : optim::StateStore::kV, full.data());
+      }
     }
   }
 }

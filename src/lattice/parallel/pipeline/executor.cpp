@@ -148,6 +148,11 @@ double Executor::run_actions(const std::vector<Action>& actions, const std::vect
     }
   };
 
+  // Where each stage's last backward is in the list.
+  std::vector<size_t> last_backward(static_cast<size_t>(S), actions.size());
+  for (size_t i = 0; i < actions.size(); i++)
+    if (actions[i].op == Op::B || actions[i].op == Op::W) last_backward[actions[i].stage] = i;
+
   timeline_.clear();
   Timer clock;
   double loss_sum = 0;
@@ -197,6 +202,7 @@ double Executor::run_actions(const std::vector<Action>& actions, const std::vect
       }
       iv.end = clock.seconds();
       timeline_.push_back(iv);
+      if (training && stage_done_ && last_backward[a.stage] == i) stage_done_(a.stage);
     } catch (const Error& e) {
       LATTICE_FAIL("pipeline " << where << ": " << e.what());
     }
@@ -237,18 +243,19 @@ void Executor::sync_tied_embedding() {
                                comm::ReduceOp::Sum);
 }
 
+bool counts_in_norm(const model::GPT& stage, size_t group, const model::ParamInfo& info) {
+  if (stage.has_embedding() && group == stage.embedding_index() && !stage.first_stage()) return false;
+  return info.shard.split_dim >= 0 || stage.tp_rank() == 0;
+}
+
 double Executor::grad_sum_squares() {
   double sum = 0;
   for (model::GPT* g : stage_of_) {
     if (!g) continue;
     for (size_t i = 0; i < g->groups().size(); i++) {
-      if (g->has_embedding() && i == g->embedding_index() && !g->first_stage()) continue;  // counted on the first stage
       const model::ParamGroup& p = g->groups()[i];
-      // Under tensor parallelism a parameter whole on every TP rank (LayerNorms,
-      // row-parallel biases, wpe) counts on TP rank 0 only; slices count everywhere.
       for (const model::ParamInfo& info : p.params())
-        if (info.shard.split_dim >= 0 || g->tp_rank() == 0)
-          sum += kernels::sum_squares(p.grad() + info.offset, info.numel());
+        if (counts_in_norm(*g, i, info)) sum += kernels::sum_squares(p.grad() + info.offset, info.numel());
     }
   }
   group_.all_reduce(&sum, 1, DType::F64, comm::ReduceOp::Sum);

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -43,6 +44,13 @@ struct MicroBatch {
   const int32_t* inputs = nullptr;   // [B·T] token ids (read by stage 0)
   const int32_t* targets = nullptr;  // [B·T] (read by the last stage)
 };
+
+// Whether parameter `info` of group `group` of stage model `stage` counts in
+// the pipeline's gradient norm: the tied embedding on its first stage only;
+// under tensor parallelism a parameter whole on every TP rank (LayerNorms,
+// row-parallel biases, wpe) on TP rank 0 only, slices everywhere — so the
+// sum over the pipeline and TP groups counts every element once.
+bool counts_in_norm(const model::GPT& stage, size_t group, const model::ParamInfo& info);
 
 class Executor {
  public:
@@ -77,6 +85,13 @@ class Executor {
 
   const Schedule& schedule() const { return schedule_; }
 
+  // Called during run_step right after this rank's last backward of `stage`
+  // in the step (the stage's gradients are final — but for the tied
+  // embedding's, whose two shares are summed at the end of run_step): data
+  // parallelism starts reducing them there, overlapping the rest of the
+  // schedule.
+  void on_stage_done(std::function<void(int stage)> done) { stage_done_ = std::move(done); }
+
  private:
   struct Pending;
   // Runs `actions` (this rank's, valid for the schedule's placement); with
@@ -93,6 +108,7 @@ class Executor {
   std::vector<model::GPT*> stage_of_;                    // by stage index: this rank's model, or null
   std::unique_ptr<comm::Communicator> embedding_group_;  // first and last stage's ranks (if two)
   std::vector<Interval> timeline_;
+  std::function<void(int)> stage_done_;
 };
 
 }  // namespace lattice::pipeline
