@@ -385,6 +385,9 @@ TEST(PipelineTrainer, BadPipelineSettingsAreRefusedByName) {
   c.zero.offload = "disk";
   c.zero.offload_dir = "/tmp";
   has(trainer_error(c, pairs), "zero.offload=\"disk\" does not compose with pipeline parallelism yet");
+  c = pp_layout(2, "1f1b");
+  c.compression.grad = "int8";
+  has(trainer_error(c, pairs), "compression.grad=\"int8\" does not compose with pipeline parallelism yet");
 }
 
 }  // namespace

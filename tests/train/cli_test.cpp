@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 namespace fs = std::filesystem;
@@ -115,6 +116,18 @@ TEST(Cli, TrainPrintsOneLinePerStepAndResumes) {
   r = run("inspect " + (dir / "m.jsonl").string() + " --plot " + (dir / "plot_").string());
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(fs::exists(dir / "plot_loss.svg"));
+  // Two runs side by side (here the same file twice), and a non-metrics file among several.
+  fs::copy_file(dir / "m.jsonl", dir / "m2.jsonl", fs::copy_options::overwrite_existing);
+  r = run("inspect " + (dir / "m.jsonl").string() + " " + (dir / "m2.jsonl").string() + " --plot " +
+          (dir / "both_").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "both_loss.svg"));
+  std::stringstream svg;
+  svg << std::ifstream(dir / "both_loss.svg").rdbuf();
+  EXPECT_NE(svg.str().find("m2"), std::string::npos);
+  r = run("inspect " + (dir / "m.jsonl").string() + " " + (dir / "run").string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("or several metrics .jsonl files"), std::string::npos) << r.output;
 
   // Sampling from the checkpoint (needs the GPT-2 tokenizer files that
   // scripts/setup.sh fetches).
@@ -161,11 +174,14 @@ TEST(Cli, MultiRankRefusalsReachEveryRank) {
   };
   Result r = mpirun("train " + kTiny + "--set parallel.dp=3");
   EXPECT_NE(r.code, 0);
-  for (const char* rank : {"rank 0: ", "rank 1: "})
-    EXPECT_NE(r.output.find(std::string(rank) + "parallel.pp=1 × parallel.dp=3 × parallel.cp=1 × parallel.tp=1 = 3 "
-                                                "does not equal the 2 ranks"),
-              std::string::npos)
-        << r.output;
+  // Every rank refuses on its own, before any communication, so none waits
+  // for the other; the first to exit ends the job, which may stop the other
+  // before its line is out (on a loaded machine it often is): one rank's
+  // message is what is certain.
+  const std::string msg = "parallel.pp=1 × parallel.dp=3 × parallel.cp=1 × parallel.tp=1 = 3 does not equal the 2 ranks";
+  EXPECT_TRUE(r.output.find("rank 0: " + msg) != std::string::npos ||
+              r.output.find("rank 1: " + msg) != std::string::npos)
+      << r.output;
   r = mpirun("train " + kTiny + "--set parallel.cp=2");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("parallel.cp=2: context parallelism is not implemented yet; set parallel.cp=1"),

@@ -304,8 +304,7 @@ TEST(Trainer, RefusesMeshMismatchAndUnimplementedFeatures) {
   const std::vector<std::pair<std::function<void(io::RunConfig&)>, std::string>> pending = {
       {[](io::RunConfig& c) { c.parallel.microbatches = 4; }, "set train.grad_accum_steps instead"},
       {[](io::RunConfig& c) { c.precision.loss_scale = 1024; }, "precision.loss_scale=1024.0"},
-      {[](io::RunConfig& c) { c.compression.grad = "int8"; }, "compression.grad=\"int8\""},
-      {[](io::RunConfig& c) { c.compression.topk_ratio = 0.5; }, "compression.topk_ratio=0.5"},
+      {[](io::RunConfig& c) { c.precision.loss_scale_window = 10; }, "precision.loss_scale_window=10"},
   };
   for (const auto& [set, piece] : pending) {
     io::RunConfig c = tiny_run();
@@ -316,6 +315,15 @@ TEST(Trainer, RefusesMeshMismatchAndUnimplementedFeatures) {
       EXPECT_NE(msg.find("not implemented yet"), std::string::npos) << msg;
     }
   }
+  // Compression settings that would do nothing are refused by name.
+  io::RunConfig c = tiny_run();
+  c.compression.topk_ratio = 0.5;
+  EXPECT_EQ(error_of([&] { train::Trainer t(c, {false}); }),
+            "compression.topk_ratio applies to compression.grad=\"topk\" (it is \"none\")");
+  c = tiny_run();
+  c.compression.warmup_steps = 5;
+  EXPECT_NE(error_of([&] { train::Trainer t(c, {false}); }).find("apply to a compression.grad codec"),
+            std::string::npos);
 }
 
 // An independent reader: tools/check_checkpoint.py loads the checkpoint's

@@ -29,6 +29,7 @@ namespace fs = std::filesystem;
 
 static const char* kInspectHelp =
     "usage: lattice inspect PATH [--plot PREFIX] [--set section.key=value ...]\n"
+    "       lattice inspect RUN1.jsonl RUN2.jsonl ... [--plot PREFIX]\n"
     "\n"
     "Prints what PATH holds:\n"
     "  *.bin           a token shard: header, token count, the first tokens decoded\n"
@@ -36,7 +37,9 @@ static const char* kInspectHelp =
     "  a directory     a checkpoint (run dir or step dir): meta.json, integrity, tensors\n"
     "  *.toml          a config, every key after defaults and --set overrides\n"
     "  *.jsonl         a metrics file: steps, first/last/best loss; --plot PREFIX draws\n"
-    "                  PREFIXloss.svg and PREFIXthroughput.svg\n"
+    "                  PREFIXloss.svg and PREFIXthroughput.svg; several metrics files:\n"
+    "                  each one's summary, and --plot PREFIX draws them side by side in\n"
+    "                  PREFIXloss.svg (and PREFIXval_loss.svg), one line per file\n"
     "  *.csv           a pipeline schedule (PyTorch's compute-only format): validated and\n"
     "                  simulated at unit costs (lattice schedule sets costs); --plot PREFIX\n"
     "                  draws PREFIXschedule.svg\n"
@@ -169,7 +172,7 @@ static bool ends_with(const std::string& s, const std::string& suffix) {
 
 static int run_inspect(const std::vector<std::string>& args) {
   std::string path, plot_prefix, config_path;
-  std::vector<std::string> overrides;
+  std::vector<std::string> overrides, paths;
   for (size_t i = 1; i < args.size(); i++) {
     if (args[i] == "--help" || args[i] == "-h") {
       std::printf("%s", kInspectHelp);
@@ -181,9 +184,23 @@ static int run_inspect(const std::vector<std::string>& args) {
       continue;
     }
     LATTICE_CHECK(args[i].rfind("-", 0) != 0, "lattice inspect: unknown option '" << args[i] << "'");
-    LATTICE_CHECK(path.empty(), "lattice inspect takes one PATH, got '" << path << "' and '" << args[i] << "'");
-    path = args[i];
+    paths.push_back(args[i]);
   }
+  if (paths.size() > 1) {
+    std::vector<std::string> names;
+    for (const std::string& p : paths) {
+      LATTICE_CHECK(ends_with(p, ".jsonl"), "lattice inspect takes one PATH, or several metrics .jsonl files; got '"
+                                                << p << "' among " << paths.size() << " paths");
+      LATTICE_CHECK(fs::exists(p), "'" << p << "' does not exist");
+      inspect_metrics(p, "");
+      names.push_back(fs::path(p).stem().string());
+    }
+    if (!plot_prefix.empty())
+      for (const std::string& p : io::plot_metrics_comparison(paths, names, plot_prefix))
+        std::printf("wrote %s\n", p.c_str());
+    return 0;
+  }
+  if (!paths.empty()) path = paths.front();
   if (path.empty()) path = config_path;
   LATTICE_CHECK(!path.empty(), "lattice inspect needs a PATH (see lattice inspect --help)");
   LATTICE_CHECK(fs::exists(path), "'" << path << "' does not exist");

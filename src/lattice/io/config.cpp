@@ -183,13 +183,16 @@ const std::vector<Key>& keys() {
         key<&R::precision, &PrecisionSection::loss_scale_window>(
             "precision", "loss_scale_window", at_least(1), "overflow-free steps before the dynamic scale doubles"),
 
-        key<&R::compression, &CompressionSection::grad>("compression", "grad",
-                                                        one_of({"none", "int8", "topk", "onebit"}),
-                                                        "compression of data-parallel gradients"),
+        key<&R::compression, &CompressionSection::grad>(
+            "compression", "grad", one_of({"none", "bf16", "f16", "int8", "onebit", "topk"}),
+            "codec of the data-parallel gradient reduction: 16-bit floats, int8 with a scale per 256, "
+            "signs with a scale per 256 (onebit), or the largest values with their indices (topk)"),
         key<&R::compression, &CompressionSection::error_feedback>(
             "compression", "error_feedback", any(), "carry each step's compression error into the next step"),
         key<&R::compression, &CompressionSection::topk_ratio>("compression", "topk_ratio", open_closed(0, 1),
                                                               "fraction of gradient entries kept by topk"),
+        key<&R::compression, &CompressionSection::warmup_steps>(
+            "compression", "warmup_steps", at_least(0), "steps reduced uncompressed before compression starts"),
 
         key<&R::data, &DataSection::train>("data", "train", any(),
                                            "glob of training .bin shards (empty = synthetic random tokens)"),
@@ -604,9 +607,6 @@ const std::vector<std::pair<const char*, const char*>>& pending_keys() {
       {"precision.loss_scale", "loss scaling (it comes with f16 compute)"},
       {"precision.loss_scale_init", "loss scaling (it comes with f16 compute)"},
       {"precision.loss_scale_window", "loss scaling (it comes with f16 compute)"},
-      {"compression.grad", "gradient compression"},
-      {"compression.error_feedback", "gradient compression's error feedback"},
-      {"compression.topk_ratio", "top-k gradient compression"},
   };
   return pending;
 }
@@ -664,6 +664,16 @@ void check_cross_keys(const RunConfig& cfg) {
     LATTICE_CHECK(par.partition.empty(), "parallel.partition=\"" << par.partition
                                                                  << "\" applies to pipeline parallelism: set "
                                                                     "parallel.pp > 1, or leave it empty");
+  }
+  {
+    const CompressionSection& c = cfg.compression;
+    const CompressionSection defaults;
+    LATTICE_CHECK(c.topk_ratio == defaults.topk_ratio || c.grad == "topk",
+                  "compression.topk_ratio applies to compression.grad=\"topk\" (it is \"" << c.grad << "\")");
+    LATTICE_CHECK((c.error_feedback == defaults.error_feedback && c.warmup_steps == defaults.warmup_steps) ||
+                      c.grad != "none",
+                  "compression.error_feedback and compression.warmup_steps apply to a compression.grad codec "
+                  "(it is \"none\")");
   }
   if (cfg.parallel.sequence_parallel) {
     LATTICE_CHECK(tp > 1, "parallel.sequence_parallel=true needs parallel.tp > 1: it splits the sequence over the "

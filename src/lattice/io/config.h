@@ -100,9 +100,10 @@ struct PrecisionSection {
 };
 
 struct CompressionSection {
-  std::string grad = "none";  // none | int8 | topk | onebit
+  std::string grad = "none";  // none | bf16 | f16 | int8 | onebit | topk
   bool error_feedback = true;
   double topk_ratio = 0.01;
+  int64_t warmup_steps = 0;  // uncompressed steps first
   bool operator==(const CompressionSection&) const = default;
 };
 

@@ -255,4 +255,22 @@ std::vector<std::string> plot_metrics(const std::string& metrics_path, const std
   return written;
 }
 
+std::vector<std::string> plot_metrics_comparison(const std::vector<std::string>& paths,
+                                                 const std::vector<std::string>& names, const std::string& out_prefix) {
+  LATTICE_CHECK(paths.size() == names.size() && !paths.empty(), "plot_metrics_comparison: one name per file");
+  std::vector<MetricsColumns> runs;
+  for (const std::string& p : paths) runs.push_back(read_metrics_jsonl(p));
+  std::vector<std::string> written;
+  for (const char* column : {"loss", "val_loss"}) {
+    std::vector<PlotSeries> series;
+    for (size_t i = 0; i < runs.size(); i++)
+      if (runs[i].has(column)) series.push_back({names[i], runs[i].column("step"), runs[i].column(column)});
+    if (series.size() != runs.size()) continue;
+    written.push_back(out_prefix + column + ".svg");
+    write_svg_plot(written.back(), std::string(column) == "loss" ? "Training loss" : "Validation loss", series,
+                   "step", column);
+  }
+  return written;
+}
+
 }  // namespace lattice::io

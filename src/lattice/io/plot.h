@@ -46,5 +46,10 @@ std::string svg_gantt(const std::string& title, const std::vector<std::string>& 
 // present, against step) and <out_prefix>throughput.svg (tokens_per_sec against
 // step). Returns the paths written.
 std::vector<std::string> plot_metrics(const std::string& metrics_path, const std::string& out_prefix);
+// Several runs side by side: for each of "loss" and "val_loss" that every
+// file has, <out_prefix><column>.svg with one line per file, named by
+// `names` (the same length as `paths`). Returns the paths written.
+std::vector<std::string> plot_metrics_comparison(const std::vector<std::string>& paths,
+                                                 const std::vector<std::string>& names, const std::string& out_prefix);
 
 }  // namespace lattice::io

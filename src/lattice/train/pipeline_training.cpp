@@ -62,6 +62,10 @@ void Trainer::build_pipeline(uint64_t seed) {
   LATTICE_CHECK(p.zero_stage <= 1, "parallel.pp=" << p.pp << ": parallel.zero_stage=" << p.zero_stage
                                                   << " does not compose with pipeline parallelism yet (stage 1, "
                                                      "the Adam moments sharded over the replicas, does)");
+  LATTICE_CHECK(config_.compression.grad == "none",
+                "parallel.pp=" << p.pp << ": compression.grad=\"" << config_.compression.grad
+                               << "\" does not compose with pipeline parallelism yet (its replicas' gradients "
+                                  "are reduced uncompressed)");
   LATTICE_CHECK(config_.zero.offload == "none", "parallel.pp=" << p.pp << ": zero.offload=\"" << config_.zero.offload
                                                                << "\" does not compose with pipeline parallelism yet");
   pipe_ = std::make_unique<Pipeline>();

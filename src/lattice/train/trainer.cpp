@@ -160,6 +160,10 @@ void Trainer::build_replicas(uint64_t seed) {
   dpo.adam.weight_decay = static_cast<float>(config_.optim.weight_decay);
   // The gradient norm over the TP group counts replicated parameters on TP rank 0 only.
   dpo.count_replicated = mesh_->coord().tp == 0;
+  dpo.compression.spec.codec = parallel::grad_codec_from_name(config_.compression.grad);
+  dpo.compression.spec.topk_ratio = config_.compression.topk_ratio;
+  dpo.compression.error_feedback = config_.compression.error_feedback;
+  dpo.compression.warmup_steps = config_.compression.warmup_steps;
   dp_ = std::make_unique<parallel::DataParallel>(*model_, mesh_->dp(), dpo);
   // Initial values: drawn, or from a model file (every rank reads it and
   // keeps its part); resuming overwrites them all, so nothing is drawn then.
@@ -273,7 +277,7 @@ StepStats Trainer::train_step_unguarded() {
     const int micro = micro_batches_, ranks = dp_->ranks();
     tp_bytes_before = tp_ ? tp_->group().stats().bytes_sent : 0;
     if (tp_) tp_->reset_comm_seconds();
-    dp_->begin_step();
+    dp_->begin_step(step_);
     double loss_sum = 0;
     for (int m = 0; m < micro; m++) {
       dp_->begin_micro_batch(m == micro - 1);
@@ -327,6 +331,9 @@ StepStats Trainer::train_step_unguarded() {
     s.comm_exposed_ms = c.exposed_s * 1e3;
     s.comm_hidden = c.hidden();
     s.comm_bytes = c.bytes;
+    const parallel::GradientReducer::Bytes g = dp_->reducer().bytes();
+    s.grad_bytes = g.sent;
+    s.grad_bytes_uncompressed = g.uncompressed;
   }
   if (pipe_) pipeline_bubbles(&s.pp_bubble, &s.pp_bubble_simulated);
   if (mesh_->world().size() > 1) {
@@ -408,6 +415,10 @@ void Trainer::print_header() const {
     std::printf("lattice: note: parallel.zero_stage=%d with parallel.dp=1 shards over one rank: it runs the "
                 "stage's machinery and trains the same model as stage 0%s\n",
                 config_.parallel.zero_stage, config_.zero.offload == "disk" ? " (the offload still applies)" : "");
+  if (config_.compression.grad != "none" && config_.parallel.dp == 1)
+    std::printf("lattice: note: compression.grad=%s with parallel.dp=1: one rank sends no gradients, so nothing "
+                "is compressed\n",
+                config_.compression.grad.c_str());
   std::printf("lattice: data %s\n", train_data_->describe().c_str());
   if (val_data_ && config_.train.eval_every > 0)
     std::printf("lattice: eval every %lld steps on %s\n", static_cast<long long>(config_.train.eval_every),
@@ -473,6 +484,10 @@ int Trainer::run_unguarded() {
           {"comm_hidden", s.comm_hidden},
           {"comm_exposed_ms", s.comm_exposed_ms},
           {"comm_bytes", static_cast<double>(s.comm_bytes)}};
+      if (config_.compression.grad != "none") {
+        fields.push_back({"grad_bytes", static_cast<double>(s.grad_bytes)});
+        fields.push_back({"grad_bytes_uncompressed", static_cast<double>(s.grad_bytes_uncompressed)});
+      }
       if (s.pp_bubble >= 0) {
         fields.push_back({"pp_bubble", s.pp_bubble});
         fields.push_back({"pp_bubble_simulated", s.pp_bubble_simulated});

@@ -58,6 +58,9 @@ struct StepStats {
   double comm_exposed_ms = 0;  // of which the compute thread waited for: the cost on the critical path
   double comm_hidden = 1;      // 1 - exposed / ran
   uint64_t comm_bytes = 0;  // bytes this rank sent
+  // Of which the gradient reductions (compression.grad: compressed), and what
+  // they would have sent uncompressed.
+  uint64_t grad_bytes = 0, grad_bytes_uncompressed = 0;
   // Tensor-parallel communication of the step (0 without TP), rank 0's: the
   // collectives sit on the critical path, so this is time the step waited.
   double tp_comm_ms = 0;

@@ -120,12 +120,16 @@ CommStream::Ticket CommStream::post(Op op, const std::string& label) {
       shared_->cv.notify_all();
       break;
     }
-    case Progress::Poll: {
-      op.started = now();
-      op.work = op.start_nonblocking();
-      in_flight_.push_back(std::move(op));
-      break;
-    }
+    case Progress::Poll:
+      if (op.start_nonblocking) {
+        op.started = now();
+        op.work = op.start_nonblocking();
+        in_flight_.push_back(std::move(op));
+        break;
+      }
+      // A composite operation: everything before it first, then inline.
+      wait(op.ticket - 1);
+      [[fallthrough]];
     case Progress::Inline: {
       const double t0 = now();
       op.run_blocking();
@@ -231,6 +235,13 @@ CommStream::Ticket CommStream::all_gather(const float* send, float* recv, size_t
   op.start_nonblocking = [this, send, recv, send_count] {
     return comm_.iall_gather(send, recv, send_count, DType::F32);
   };
+  op.then = std::move(then);
+  return post(std::move(op), label);
+}
+
+CommStream::Ticket CommStream::run(std::string label, std::function<void(comm::Communicator&)> body, Then then) {
+  Op op;
+  op.run_blocking = [this, body = std::move(body)] { body(comm_); };
   op.then = std::move(then);
   return post(std::move(op), label);
 }

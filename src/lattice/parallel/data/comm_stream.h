@@ -67,6 +67,11 @@ class CommStream {
   Ticket all_reduce(void* data, size_t count, DType dtype, std::string label, Then then = {});
   Ticket reduce_scatter(const float* send, float* recv, size_t recv_count, std::string label, Then then = {});
   Ticket all_gather(const float* send, float* recv, size_t send_count, std::string label, Then then = {});
+  // Any sequence of blocking calls on the communicator (and the computation
+  // between them) as one operation, e.g. a compressed all-reduce
+  // (gradient_reducer.h). Poll mode cannot start it non-blocking: it waits
+  // for the operations before it and runs inline.
+  Ticket run(std::string label, std::function<void(comm::Communicator&)> body, Then then = {});
 
   // Blocks until operation t (and every one before it) is done.
   void wait(Ticket t);

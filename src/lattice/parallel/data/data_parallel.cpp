@@ -124,6 +124,7 @@ DataParallel::DataParallel(model::GPT& model, comm::Communicator& dp, const Data
   }
   // One rank communicates nothing: no thread for it.
   stream_ = std::make_unique<CommStream>(dp, dp.size() == 1 ? Progress::Inline : options.progress);
+  reducer_ = std::make_unique<GradientReducer>(*stream_, options.compression);
 
   // Where the optimizer state lives: moments, and at stage 3 the parameters.
   const int arrays = stage == 3 ? 3 : 2;
@@ -186,7 +187,7 @@ DataParallel::DataParallel(model::GPT& model, comm::Communicator& dp, const Data
                                              : stage == 1 ? ShardedEmbedding::Gradients::Scatter
                                                           : ShardedEmbedding::Gradients::AllReduce;
     embedding_ = std::make_unique<ShardedEmbedding>(groups_[0], model_.config(), layout_.group(0), *stream_,
-                                                    emb_params, mode,
+                                                    *reducer_, 0, emb_params, mode,
                                                     stage >= 2 ? shard_grads_[0].as<float>() : nullptr);
     model_.set_tied_embedding(embedding_.get());
   }
@@ -234,6 +235,13 @@ std::string DataParallel::describe() const {
   if (ranks() > 1)
     s << ", buckets of at most " << format_bytes(options_.bucket_bytes) << ", communication "
       << progress_name(stream_->progress());
+  const CompressionOptions& c = options_.compression;
+  if (c.spec.codec != GradCodec::None && ranks() > 1) {
+    s << ", gradients compressed " << grad_codec_name(c.spec.codec);
+    if (c.spec.codec == GradCodec::TopK) s << " (ratio " << c.spec.topk_ratio << ")";
+    s << (c.error_feedback ? " with" : " without") << " error feedback";
+    if (c.warmup_steps > 0) s << " after " << c.warmup_steps << " uncompressed steps";
+  }
   s << ", optimizer state in " << const_cast<optim::AdamW&>(*optimizer_).store().describe();
   return s.str();
 }
@@ -242,7 +250,9 @@ bool DataParallel::reduce_now() const { return stage() >= 2 || last_micro_; }
 
 // ---------------------------------------------------------------- a step
 
-void DataParallel::begin_step() {
+void DataParallel::begin_step(int64_t step) {
+  reducer_->begin_step(step);
+  reducer_->reset_bytes();
   model_.zero_grad();
   std::fill(shard_grad_written_.begin(), shard_grad_written_.end(), 0);
   stream_->reset_times();
@@ -432,34 +442,20 @@ void DataParallel::reduce_group(size_t g) {
   float* grad = group.grad_storage();
   const int64_t k = s.slice;
   CommStream::Ticket t = 0;
-  if (stage() == 0) {
-    for (int64_t c = 0; c < s.chunks; c++)
-      stream_->all_reduce(grad + c * s.chunk_numel(), s.chunk_numel(), DType::F32,
-                          chunk_label("grad", group.name(), c, s.chunks));
-    return;
-  }
   for (int64_t c = 0; c < s.chunks; c++) {
     float* chunk = grad + c * s.chunk_numel();
-    CommStream::Then then;
-    if (stage() == 1) {
-      // In place, the sum of this rank's slice lands at the chunk's start;
-      // move it to where the slice belongs in the (whole) gradient buffer.
-      float* home = grad + s.slice_begin(c);
-      then = [chunk, home, k] {
-        if (home != chunk) std::memmove(home, chunk, static_cast<size_t>(k) * sizeof(float));
-      };
+    const int64_t key = GradientReducer::key(static_cast<int64_t>(g), c);
+    const std::string label = chunk_label("grad", group.name(), c, s.chunks);
+    if (stage() == 0) {
+      reducer_->all_reduce(key, chunk, k, label);
+    } else if (stage() == 1) {
+      // This rank's slice summed where it belongs in the (whole) gradient buffer.
+      reducer_->reduce_scatter(key, chunk, k, grad + s.slice_begin(c), false, label);
     } else {
-      // Stages 2-3: accumulate into this rank's gradient shard.
-      float* dst = shard_grads_[g].as<float>() + c * k;
-      const bool first = !shard_grad_written_[g];
-      then = [chunk, dst, k, first] {
-        if (first)
-          std::memcpy(dst, chunk, static_cast<size_t>(k) * sizeof(float));
-        else
-          for (int64_t i = 0; i < k; i++) dst[i] += chunk[i];
-      };
+      // Stages 2-3: into this rank's gradient shard (added from the second micro-batch on).
+      t = reducer_->reduce_scatter(key, chunk, k, shard_grads_[g].as<float>() + c * k, shard_grad_written_[g] != 0,
+                                   label);
     }
-    t = stream_->reduce_scatter(chunk, chunk, k, chunk_label("grad", group.name(), c, s.chunks), std::move(then));
   }
   if (stage() >= 2) {
     shard_grad_written_[g] = 1;

@@ -48,6 +48,7 @@
 #include "lattice/comm/communicator.h"
 #include "lattice/model/gpt.h"
 #include "lattice/optim/adamw.h"
+#include "lattice/parallel/compress/gradient_reducer.h"
 #include "lattice/parallel/data/comm_stream.h"
 #include "lattice/parallel/zero/shard_layout.h"
 #include "lattice/parallel/zero/sharded_embedding.h"
@@ -67,6 +68,8 @@ struct DataParallelOptions {
   // parallelism only TP rank 0 counts them, so the sum over the TP group
   // counts each replicated parameter once and each slice once.
   bool count_replicated = true;
+  // Gradient compression with error feedback (gradient_reducer.h); codec None: off.
+  CompressionOptions compression;
 };
 
 class DataParallel final : public model::GroupHooks {
@@ -85,6 +88,7 @@ class DataParallel final : public model::GroupHooks {
   const ShardLayout& layout() const { return layout_; }
   optim::AdamW& optimizer() { return *optimizer_; }
   CommStream& stream() { return *stream_; }
+  GradientReducer& reducer() { return *reducer_; }
   std::string describe() const;
 
   // Initial parameters from (seed, name, index in the full tensor), the same
@@ -93,8 +97,9 @@ class DataParallel final : public model::GroupHooks {
   void initialize(uint64_t seed);
 
   // ---- one step ----
-  // Before the first micro-batch: gradients marked stale, counters reset.
-  void begin_step();
+  // Before the first micro-batch of step index `step` (from 0): gradients
+  // marked stale, counters reset, compression on once past its warm-up.
+  void begin_step(int64_t step = 0);
   // Before each micro-batch's forward: whether it is the step's last (stages
   // 0-1 reduce only then).
   void begin_micro_batch(bool last);
@@ -153,6 +158,7 @@ class DataParallel final : public model::GroupHooks {
   ShardLayout opt_layout_;  // what this rank's optimizer updates (= layout_, or whole groups at stage 0)
   std::vector<int64_t> shard_base_;  // offset of group g in the optimizer state
   std::unique_ptr<CommStream> stream_;
+  std::unique_ptr<GradientReducer> reducer_;
   std::unique_ptr<optim::AdamW> optimizer_;
   // Without count_replicated: the optimizer's segments grad_sum_squares counts.
   std::vector<std::pair<const float*, int64_t>> norm_segments_;

@@ -16,13 +16,15 @@ constexpr size_t kWte = 0, kWpe = 1;  // parameter order of the embedding group
 }
 
 ShardedEmbedding::ShardedEmbedding(model::ParamGroup& group, const model::ModelConfig& config,
-                                   const GroupShard& shard, CommStream& stream, const float* params,
-                                   Gradients gradients, float* grad_shard)
+                                   const GroupShard& shard, CommStream& stream, GradientReducer& reducer,
+                                   int64_t key_group, const float* params, Gradients gradients, float* grad_shard)
     : group_(group),
       C_(config.n_embd),
       Vp_(static_cast<int>(group.params()[kWte].shape[0])),  // this rank's rows (tensor parallelism: a range)
       shard_(shard),
       stream_(stream),
+      reducer_(reducer),
+      key_group_(key_group),
       params_(params),
       gradients_(gradients),
       grad_shard_(grad_shard) {
@@ -109,13 +111,11 @@ void ShardedEmbedding::head_weight_into_group(const float* dlogits, const float*
   for (int64_t c = 0; c < shard_.chunks; c++) {
     float* data = grad + c * chunk;
     const std::string label = "grad embedding " + std::to_string(c) + "/" + std::to_string(shard_.chunks);
+    const int64_t key = GradientReducer::key(key_group_, c);
     if (gradients_ == Gradients::AllReduce) {
-      last_ticket_ = stream_.all_reduce(data, static_cast<size_t>(chunk), DType::F32, label);
+      last_ticket_ = reducer_.all_reduce(key, data, slice, label);
     } else {
-      float* home = grad + shard_.slice_begin(c);
-      last_ticket_ = stream_.reduce_scatter(data, data, static_cast<size_t>(slice), label, [data, home, slice] {
-        if (home != data) std::memmove(home, data, static_cast<size_t>(slice) * sizeof(float));
-      });
+      last_ticket_ = reducer_.reduce_scatter(key, data, slice, grad + shard_.slice_begin(c), false, label);
     }
   }
 }
@@ -138,17 +138,9 @@ void ShardedEmbedding::head_backward_weight(const float* dlogits, const float* l
     if (head_rows > 0)
       k::gemm(true, false, head_rows, C_, N, 1.0f, dlogits + first, Vp_, lnf, C_, 0.0f, piece, C_);
     std::memset(piece + head_rows * C_, 0, static_cast<size_t>(chunk - head_rows * C_) * sizeof(float));
-    float* dst = grad_shard_ + c * k;
-    const bool first_write = first_;
-    // In place: this rank's summed slice lands at the piece's start.
-    grad_ticket_[b] = stream_.reduce_scatter(
-        piece, piece, static_cast<size_t>(k),
-        "grad embedding " + std::to_string(c) + "/" + std::to_string(shard_.chunks), [piece, dst, k, first_write] {
-          if (first_write)
-            std::memcpy(dst, piece, static_cast<size_t>(k) * sizeof(float));
-          else
-            for (int64_t i = 0; i < k; i++) dst[i] += piece[i];
-        });
+    grad_ticket_[b] = reducer_.reduce_scatter(
+        GradientReducer::key(key_group_, c), piece, k, grad_shard_ + c * k, !first_,
+        "grad embedding " + std::to_string(c) + "/" + std::to_string(shard_.chunks));
     last_ticket_ = grad_ticket_[b];
   }
 }

@@ -43,6 +43,7 @@
 
 #include "lattice/core/memory.h"
 #include "lattice/model/gpt.h"
+#include "lattice/parallel/compress/gradient_reducer.h"
 #include "lattice/parallel/data/comm_stream.h"
 #include "lattice/parallel/zero/shard_layout.h"
 
@@ -59,8 +60,11 @@ class ShardedEmbedding final : public model::TiedEmbedding {
   // `params`: this rank's parameter shard of it at stage 3, or null when the
   // group's buffer is whole on every rank. `grad_shard`: this rank's gradient
   // shard (Gradients::Sharded; null otherwise).
+  // Its gradient chunks are summed through `reducer` (plain or compressed,
+  // gradient_reducer.h), under the keys of group `key_group`.
   ShardedEmbedding(model::ParamGroup& group, const model::ModelConfig& config, const GroupShard& shard,
-                   CommStream& stream, const float* params, Gradients gradients, float* grad_shard);
+                   CommStream& stream, GradientReducer& reducer, int64_t key_group, const float* params,
+                   Gradients gradients, float* grad_shard);
 
   // Before each micro-batch: whether it is the step's first (Sharded: its
   // contribution overwrites the shard) and last (stages 0-1 reduce only then).
@@ -102,6 +106,8 @@ class ShardedEmbedding final : public model::TiedEmbedding {
   const int C_, Vp_;
   const GroupShard& shard_;
   CommStream& stream_;
+  GradientReducer& reducer_;
+  int64_t key_group_;
   const float* params_;  // stage 3 shard, or null
   Gradients gradients_;
   float* grad_shard_;
