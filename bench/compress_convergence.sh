@@ -96,7 +96,7 @@ print(f"{'row':<12} {'final val':>9} {'vs none':>8} {'train (last 10)':>15} {'by
 base = res.get("none", {}).get("val")
 for r in rows:
     if r not in res:
-        print(f"{r:<12} {'failed':>9}")
+        print(f"{r:<12} {'not run':>9}")  # filtered out by --rows, or failed (its log says why)
         continue
     d = res[r]
     rel = f"{100 * (d['val'] / base - 1):+7.2f}%" if base else ""

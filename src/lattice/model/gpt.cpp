@@ -916,6 +916,7 @@ void GPT::release(int slot_index) {
 // stage) — on a last stage that is not the first, after the head's share.
 void GPT::embedding_weight_with_hooks(Slot& s) {
   if (!first_stage()) return;
+  if (!last_stage()) grads_in(embedding_index());  // (a whole model announced it before the head's share)
   embedding_backward_weight(s);
   grads_out(embedding_index());
 }

@@ -2,9 +2,11 @@
 // models (model::StageLayers, a balanced cut of the layers, tensor-parallel
 // slices under parallel.tp > 1), the executor running the configured schedule
 // (parallel/pipeline/), and one DistributedOptimizer over the stage models
-// for data parallelism over the pipelines, at ZeRO stage 0 or 1
-// (parallel/zero/distributed_optimizer.h): a stage's gradients are reduced
-// over the replicas as soon as its last backward of the step has run.
+// for data parallelism over the pipelines, at ZeRO stages 0-3
+// (parallel/zero/distributed_optimizer.h): at stages 0-1 a stage's gradients
+// are reduced over the replicas as soon as its last backward of the step has
+// run; at stages 2-3 every micro-batch's, and at stage 3 every pass gathers
+// the parameters it reads.
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -38,6 +40,12 @@ void Trainer::pipeline_bubbles(double* measured, double* simulated) const {
   *simulated = pipe_->last_simulated;
 }
 
+void Trainer::pipeline_grad_bytes(uint64_t* sent, uint64_t* uncompressed) {
+  const parallel::GradientReducer::Bytes b = pipe_->optimizer->reducer().bytes();
+  *sent = b.sent;
+  *uncompressed = b.uncompressed;
+}
+
 std::string Trainer::describe_pipeline() const {
   const Pipeline& pp = *pipe_;
   std::string out = "pipeline " + pp.schedule.name + " over " + std::to_string(pp.schedule.ranks) + " ranks, " +
@@ -51,23 +59,17 @@ std::string Trainer::describe_pipeline() const {
     out += "; " + std::to_string(pp.optimizer->ranks()) + " data-parallel replicas, ZeRO stage " +
            std::to_string(pp.optimizer->stage()) +
            (pp.optimizer->stage() == 1 ? " (Adam moments sharded)" : " (gradients all-reduced)");
+  if (pp.optimizer->ranks() > 1 && config_.compression.grad != "none")
+    out += ", gradients compressed " + config_.compression.grad +
+           (config_.compression.error_feedback ? " with" : " without") + " error feedback";
   return out;
 }
 
 void Trainer::build_pipeline(uint64_t seed) {
   const auto& p = config_.parallel;
-  // A stage's gradient accumulates over the step's interleaved micro-batches:
-  // ZeRO-2 would reduce every micro-batch's gradient and ZeRO-3 gather every
-  // chunk's parameters for each of its 2m passes (distributed_optimizer.h).
-  LATTICE_CHECK(p.zero_stage <= 1, "parallel.pp=" << p.pp << ": parallel.zero_stage=" << p.zero_stage
-                                                  << " does not compose with pipeline parallelism yet (stage 1, "
-                                                     "the Adam moments sharded over the replicas, does)");
-  LATTICE_CHECK(config_.compression.grad == "none",
-                "parallel.pp=" << p.pp << ": compression.grad=\"" << config_.compression.grad
-                               << "\" does not compose with pipeline parallelism yet (its replicas' gradients "
-                                  "are reduced uncompressed)");
   LATTICE_CHECK(config_.zero.offload == "none", "parallel.pp=" << p.pp << ": zero.offload=\"" << config_.zero.offload
-                                                               << "\" does not compose with pipeline parallelism yet");
+                                                               << "\" does not compose with pipeline parallelism yet "
+                                                                  "(ZeRO stages 0-3 do, with the state in memory)");
   pipe_ = std::make_unique<Pipeline>();
   Pipeline& pp = *pipe_;
   const std::string& name = p.schedule;
@@ -86,7 +88,9 @@ void Trainer::build_pipeline(uint64_t seed) {
   pipeline::validate(pp.schedule);
   const int S = pp.schedule.stages, T = config_.model.seq_len;
   if (p.partition.empty()) {
-    pp.cut = pipeline::balanced_partition(pipeline::layer_costs(model_config_, T), S, pp.schedule.rank_of_stage);
+    const std::vector<double> costs = pipeline::layer_costs(model_config_, T);
+    pp.cut = pipeline::refine_partition(costs, pipeline::balanced_partition(costs, S, pp.schedule.rank_of_stage),
+                                        pp.schedule);
   } else {
     std::vector<int> layers;
     size_t begin = 0;
@@ -122,20 +126,34 @@ void Trainer::build_pipeline(uint64_t seed) {
     mine.push_back(pp.models.back().get());
   }
   pp.whole = std::make_unique<model::GPT>(model_config_, model::GPT::Unallocated{});
-  pp.optimizer = std::make_unique<parallel::DistributedOptimizer>(mine, mesh_->dp(), p.zero_stage,
-                                                                  p.bucket_mb * 1024.0 * 1024.0, adam);
-  pp.executor = std::make_unique<pipeline::Executor>(pp.schedule, mine, mesh_->pp());
-  // A stage's gradients (but the tied embedding's) go to the replicas as soon
-  // as its last backward has run, overlapping the rest of the schedule.
-  pp.executor->on_stage_done([&pp](int stage) {
-    for (size_t j = 0; j < pp.models.size(); j++)
-      if (pp.model_stage[j] == stage) pp.optimizer->reduce(j, false);
-  });
+  // Initial values from a model file, while every stage model still holds its
+  // parameters whole (ZeRO-3 keeps only slices from here on).
   if (!config_.checkpoint.init_from.empty()) {
     io::SafeTensorsReader file(config_.checkpoint.init_from);
     const HfSource src = safetensors_source(file, config_.checkpoint.init_from);
     for (auto& m : pp.models)
       for (model::ParamGroup& g : m->groups()) import_hf_group(g, g.data(), src);
+  }
+  parallel::CompressionOptions compression;
+  compression.spec.codec = parallel::grad_codec_from_name(config_.compression.grad);
+  compression.spec.topk_ratio = config_.compression.topk_ratio;
+  compression.error_feedback = config_.compression.error_feedback;
+  compression.warmup_steps = config_.compression.warmup_steps;
+  pp.optimizer = std::make_unique<parallel::DistributedOptimizer>(
+      mine, mesh_->dp(), p.zero_stage, p.bucket_mb * 1024.0 * 1024.0, adam, compression, parallel::progress_from_env());
+  pp.executor = std::make_unique<pipeline::Executor>(pp.schedule, mine, mesh_->pp());
+  // Stages 0-1: a stage's gradients (but the tied embedding's) go to the
+  // replicas as soon as its last backward has run, overlapping the rest of
+  // the schedule. Stages 2-3 reduce every micro-batch's, through the model's
+  // hooks, and sum the tied embedding's copies on their slices.
+  pp.executor->on_stage_done([&pp](int stage) {
+    for (size_t j = 0; j < pp.models.size(); j++)
+      if (pp.model_stage[j] == stage) pp.optimizer->reduce(j, false);
+  });
+  if (p.zero_stage >= 2) {
+    pp.executor->set_sum_tied_embedding(false);
+    pipeline::Executor* ex = pp.executor.get();
+    pp.optimizer->set_tied_sum([ex](float* first, float* last, size_t n) { ex->sum_tied(first, last, n); });
   }
   const size_t n = static_cast<size_t>(config_.train.micro_batch_size) * T;
   pp.inputs.assign(static_cast<size_t>(micro_batches_), std::vector<int32_t>(n));
@@ -158,6 +176,7 @@ double Trainer::pipeline_step(double* norm_out) {
   Pipeline& pp = *pipe_;
   const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
   for (auto& m : pp.models) m->zero_grad();
+  pp.optimizer->begin_step(step_);
   double loss = pp.executor->run_step(next_batches(*train_data_), B, T);
   // Data parallelism over pipelines: each replica ran its share of the
   // global batch. Every stage's gradients are on their way to the other
@@ -167,10 +186,7 @@ double Trainer::pipeline_step(double* norm_out) {
   const int replicas = mesh_->dp().size();
   for (size_t j = 0; j < pp.models.size(); j++) pp.optimizer->reduce(j, true);
   pp.optimizer->finish_reductions();
-  if (replicas > 1) {
-    mesh_->dp().all_reduce(&loss, 1, DType::F64, comm::ReduceOp::Sum);
-    loss /= replicas;
-  }
+  if (replicas > 1) loss = pp.optimizer->sum_over_ranks(loss) / replicas;
   // Over the pipeline: each stage's parameters, the tied embedding once,
   // TP-replicated parameters on TP rank 0 (pipeline::counts_in_norm).
   double sum_squares = pp.optimizer->grad_sum_squares([&pp](size_t j, size_t g, const model::ParamInfo& info) {
@@ -232,7 +248,7 @@ double Trainer::pipeline_evaluate() {
   val_data_->reset();
   for (int i = 0; i < config_.train.eval_steps; i++)
     sum += pp.executor->evaluate(next_batches(*val_data_), config_.train.micro_batch_size, config_.model.seq_len);
-  if (mesh_->dp().size() > 1) mesh_->dp().all_reduce(&sum, 1, DType::F64, comm::ReduceOp::Sum);
+  sum = pp.optimizer->sum_over_ranks(sum);
   return sum / (static_cast<double>(config_.train.eval_steps) * mesh_->dp().size());
 }
 
@@ -267,15 +283,15 @@ std::vector<HfTensor> Trainer::pipeline_group_tensors(size_t g, ModelBuffer whic
       for (size_t i = 0; i < m.groups().size(); i++) {
         const model::ParamGroup& local = m.groups()[i];
         if (local.name() != shape.name()) continue;
-        // Moments whole over the replicas (collective over the data-parallel
-        // group: its ranks all own this stage).
-        std::vector<float> moments;
-        if (which != ModelBuffer::Params) {
-          moments.assign(static_cast<size_t>(local.capacity()), 0.0f);
-          pp.optimizer->gather_moments(
-              j, i, which == ModelBuffer::AdamM ? optim::StateStore::kM : optim::StateStore::kV, moments.data());
-        }
-        const float* src = which == ModelBuffer::Params ? local.data() : moments.data();
+        // Whole over the replicas (collective over the data-parallel group:
+        // its ranks all own this stage).
+        std::vector<float> whole_group(static_cast<size_t>(local.capacity()), 0.0f);
+        pp.optimizer->gather_state(j, i,
+                                   which == ModelBuffer::Params  ? optim::StateStore::kP
+                                   : which == ModelBuffer::AdamM ? optim::StateStore::kM
+                                                                 : optim::StateStore::kV,
+                                   whole_group.data());
+        const float* src = whole_group.data();
         const std::vector<HfTensor> tensors = assemble_group(local, src, static_cast<size_t>(local.numel()), true);
         size_t at = 0;
         for (const HfTensor& t : tensors) {
@@ -321,11 +337,11 @@ void Trainer::load_pipeline_state(const HfSource sources[3]) {
     model::GPT& m = *pp.models[j];
     for (size_t i = 0; i < m.groups().size(); i++) {
       model::ParamGroup& g = m.groups()[i];
-      import_hf_group(g, g.data(), sources[0]);
       std::vector<float> full(static_cast<size_t>(g.capacity()), 0.0f);
-      for (int k = 1; k < 3; k++) {
+      const int arrays[3] = {optim::StateStore::kP, optim::StateStore::kM, optim::StateStore::kV};
+      for (int k = 0; k < 3; k++) {
         import_hf_group(g, full.data(), sources[k]);
-        pp.optimizer->load_moments(j, i, k == 1 ? optim::StateStore::kM : optim::StateStore::kV, full.data());
+        pp.optimizer->load_state(j, i, arrays[k], full.data());
       }
     }
   }

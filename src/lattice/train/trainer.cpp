@@ -335,7 +335,10 @@ StepStats Trainer::train_step_unguarded() {
     s.grad_bytes = g.sent;
     s.grad_bytes_uncompressed = g.uncompressed;
   }
-  if (pipe_) pipeline_bubbles(&s.pp_bubble, &s.pp_bubble_simulated);
+  if (pipe_) {
+    pipeline_bubbles(&s.pp_bubble, &s.pp_bubble_simulated);
+    pipeline_grad_bytes(&s.grad_bytes, &s.grad_bytes_uncompressed);
+  }
   if (mesh_->world().size() > 1) {
     // The job's step took as long as its slowest rank; memory is the largest rank's.
     double worst[2] = {s.step_ms, static_cast<double>(s.peak_mem_bytes)};

@@ -141,6 +141,7 @@ class Trainer {
   void build_replicas(uint64_t seed);  // dp × tp: the model (in TP slices) and DataParallel
   void setup_data(uint64_t seed);      // batch sources, resume, metrics file
   void pipeline_bubbles(double* measured, double* simulated) const;
+  void pipeline_grad_bytes(uint64_t* sent, uint64_t* uncompressed);
   std::string describe_pipeline() const;
   double pipeline_step(double* norm);  // one step's micro-batches and update; returns the loss
   double pipeline_evaluate();

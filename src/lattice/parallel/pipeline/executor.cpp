@@ -76,7 +76,7 @@ double Executor::run_step(const std::vector<MicroBatch>& batches, int B, int T) 
   LATTICE_CHECK(static_cast<int>(batches.size()) == m,
                 "pipeline step: " << batches.size() << " micro-batches for a schedule of " << m);
   double loss = run_actions(schedule_.actions[group_.rank()], batches, B, T, true);
-  sync_tied_embedding();
+  if (sum_tied_) sync_tied_embedding();
   group_.all_reduce(&loss, 1, DType::F64, comm::ReduceOp::Sum);  // only the last stage adds
   return loss / m;
 }
@@ -228,19 +228,20 @@ void Executor::sync_tied_embedding() {
   if (S == 1) return;
   model::GPT* first = stage_of_[0];
   model::GPT* last = stage_of_[S - 1];
+  model::GPT* any = first ? first : last;
+  if (!any) return;
+  sum_tied(first ? written(*first) : nullptr, last ? written(*last) : nullptr,
+           static_cast<size_t>(any->embedding_group().numel()));
+}
+
+void Executor::sum_tied(float* first, float* last, size_t n) {
+  if (schedule_.stages == 1 || (!first && !last)) return;
   if (first && last) {  // both on this rank
-    float* a = written(*first);
-    float* b = written(*last);
-    const int64_t n = first->embedding_group().numel();
-    for (int64_t i = 0; i < n; i++) a[i] += b[i];
-    std::memcpy(b, a, sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) first[i] += last[i];
+    std::memcpy(last, first, sizeof(float) * n);
     return;
   }
-  if (!first && !last) return;
-  model::GPT& mine = first ? *first : *last;
-  float* grad = written(mine);
-  embedding_group_->all_reduce(grad, static_cast<size_t>(mine.embedding_group().numel()), DType::F32,
-                               comm::ReduceOp::Sum);
+  embedding_group_->all_reduce(first ? first : last, n, DType::F32, comm::ReduceOp::Sum);
 }
 
 bool counts_in_norm(const model::GPT& stage, size_t group, const model::ParamInfo& info) {

@@ -91,6 +91,14 @@ class Executor {
   // parallelism starts reducing them there, overlapping the rest of the
   // schedule.
   void on_stage_done(std::function<void(int stage)> done) { stage_done_ = std::move(done); }
+  // Whether run_step sums the tied embedding's whole gradient between its
+  // two stages (default). ZeRO-2/3 hold no whole gradient at the end of the
+  // step: they turn this off and sum their slices with sum_tied instead.
+  void set_sum_tied_embedding(bool on) { sum_tied_ = on; }
+  // Sums n floats of the tied embedding between the first and the last
+  // stage: `first` / `last` are this rank's buffers for those stages, null
+  // where the stage is elsewhere (collective over the two stages' ranks).
+  void sum_tied(float* first, float* last, size_t n);
 
  private:
   struct Pending;
@@ -109,6 +117,7 @@ class Executor {
   std::unique_ptr<comm::Communicator> embedding_group_;  // first and last stage's ranks (if two)
   std::vector<Interval> timeline_;
   std::function<void(int)> stage_done_;
+  bool sum_tied_ = true;
 };
 
 }  // namespace lattice::pipeline

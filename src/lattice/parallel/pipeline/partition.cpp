@@ -5,6 +5,8 @@
 #include <string>
 
 #include "lattice/core/error.h"
+#include "lattice/parallel/pipeline/schedule.h"
+#include "lattice/parallel/pipeline/simulator.h"
 
 namespace lattice::pipeline {
 
@@ -84,6 +86,39 @@ std::vector<ChunkLayers> balanced_partition(const std::vector<double>& costs, in
         c[k].first += delta;
         if (c[k - 1].last <= c[k - 1].first || c[k].first >= c[k].last) continue;
         if (better(score(c), score(cut))) cut = std::move(c), moved = true;
+      }
+  }
+  return cut;
+}
+
+double simulated_makespan(const std::vector<double>& costs, const std::vector<ChunkLayers>& cut,
+                          const Schedule& schedule) {
+  const int L = static_cast<int>(costs.size()) - 2, S = static_cast<int>(cut.size());
+  LATTICE_CHECK(S == schedule.stages, "simulated_makespan: " << S << " chunks for " << schedule.stages << " stages");
+  Costs c;
+  c.by_stage.resize(static_cast<size_t>(S));
+  for (int k = 0; k < S; k++) {
+    double x = (k == 0 ? costs[0] : 0.0) + (k == S - 1 ? costs[L + 1] : 0.0);
+    for (int l = cut[k].first; l < cut[k].last; l++) x += costs[l + 1];
+    c.by_stage[k] = {x / 3, x / 3, x / 3};
+  }
+  return simulate(schedule, c).makespan;
+}
+
+std::vector<ChunkLayers> refine_partition(const std::vector<double>& costs, std::vector<ChunkLayers> cut,
+                                          const Schedule& schedule) {
+  const int S = static_cast<int>(cut.size());
+  double best = simulated_makespan(costs, cut, schedule);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int k = 1; k < S; k++)  // the boundary between chunks k-1 and k
+      for (int delta : {-1, 1}) {
+        std::vector<ChunkLayers> c = cut;
+        c[k - 1].last += delta;
+        c[k].first += delta;
+        if (c[k - 1].last <= c[k - 1].first || c[k].first >= c[k].last) continue;
+        const double t = simulated_makespan(costs, c, schedule);
+        if (t < best * (1 - 1e-9)) cut = std::move(c), best = t, moved = true;
       }
   }
   return cut;

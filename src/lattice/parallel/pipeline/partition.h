@@ -38,6 +38,19 @@ std::vector<ChunkLayers> balanced_partition(const std::vector<double>& costs, in
 std::vector<ChunkLayers> balanced_partition(const std::vector<double>& costs, int chunks,
                                             const std::vector<int>& rank_of_chunk);
 
+// The cut `start` improved for `schedule` (its stages are the chunks): each
+// stage's cost from `costs` split equally into F, I and W, the boundaries
+// moved one layer at a time while the simulated makespan (simulator.h)
+// falls. What the balanced cuts cannot see — that in ZB-V a short first
+// chunk starves the long one it feeds, or that the fill favours a lighter
+// first stage — the simulator does.
+struct Schedule;
+std::vector<ChunkLayers> refine_partition(const std::vector<double>& costs, std::vector<ChunkLayers> start,
+                                          const Schedule& schedule);
+// The simulated makespan of `schedule` with the stages cut as `cut`, costs as above.
+double simulated_makespan(const std::vector<double>& costs, const std::vector<ChunkLayers>& cut,
+                          const Schedule& schedule);
+
 // An explicit cut: layers per chunk, which must cover all L layers, each
 // chunk at least one. `what` names the setting in errors.
 std::vector<ChunkLayers> explicit_partition(const std::vector<int>& layers_per_chunk, int layers, int chunks,
