@@ -54,74 +54,68 @@ std::vector<ChunkLayers> balanced_partition(const std::vector<double>& costs, in
   return out;
 }
 
-std::vector<ChunkLayers> balanced_partition(const std::vector<double>& costs, int chunks,
-                                            const std::vector<int>& rank_of_chunk) {
-  std::vector<ChunkLayers> cut = balanced_partition(costs, chunks);
-  LATTICE_CHECK(static_cast<int>(rank_of_chunk.size()) == chunks,
-                "balanced_partition: " << rank_of_chunk.size() << " placements for " << chunks << " chunks");
-  const int L = static_cast<int>(costs.size()) - 2;
-  const int ranks = *std::max_element(rank_of_chunk.begin(), rank_of_chunk.end()) + 1;
-  // (most loaded rank, most expensive chunk) of a cut.
-  auto score = [&](const std::vector<ChunkLayers>& c) {
-    std::vector<double> load(static_cast<size_t>(ranks), 0.0);
-    double chunk_max = 0;
-    for (int k = 0; k < chunks; k++) {
-      double x = (k == 0 ? costs[0] : 0.0) + (k == chunks - 1 ? costs[L + 1] : 0.0);
-      for (int l = c[k].first; l < c[k].last; l++) x += costs[l + 1];
-      load[rank_of_chunk[k]] += x;
-      chunk_max = std::max(chunk_max, x);
-    }
-    return std::make_pair(*std::max_element(load.begin(), load.end()), chunk_max);
-  };
-  auto better = [](std::pair<double, double> a, std::pair<double, double> b) {
-    const double eps = 1e-9 * std::max(1.0, b.first);
-    return a.first < b.first - eps || (a.first <= b.first + eps && a.second < b.second - eps);
-  };
+// Each chunk's cost under `cut`: its layers, the embedding on the first, the head on the last.
+static std::vector<double> chunk_costs(const std::vector<double>& costs, const std::vector<ChunkLayers>& cut) {
+  const int L = static_cast<int>(costs.size()) - 2, S = static_cast<int>(cut.size());
+  std::vector<double> out(static_cast<size_t>(S), 0.0);
+  for (int k = 0; k < S; k++) {
+    out[k] = (k == 0 ? costs[0] : 0.0) + (k == S - 1 ? costs[L + 1] : 0.0);
+    for (int l = cut[k].first; l < cut[k].last; l++) out[k] += costs[l + 1];
+  }
+  return out;
+}
+
+// Moves one boundary by one layer at a time (every chunk keeps a layer)
+// while `better(candidate, current)` accepts the move.
+template <typename Better>
+static std::vector<ChunkLayers> move_boundaries(std::vector<ChunkLayers> cut, Better better) {
   for (bool moved = true; moved;) {
     moved = false;
-    for (int k = 1; k < chunks; k++)  // the boundary between chunks k-1 and k
+    for (size_t k = 1; k < cut.size(); k++)  // the boundary between chunks k-1 and k
       for (int delta : {-1, 1}) {
         std::vector<ChunkLayers> c = cut;
         c[k - 1].last += delta;
         c[k].first += delta;
         if (c[k - 1].last <= c[k - 1].first || c[k].first >= c[k].last) continue;
-        if (better(score(c), score(cut))) cut = std::move(c), moved = true;
+        if (better(c, cut)) cut = std::move(c), moved = true;
       }
   }
   return cut;
 }
 
+std::vector<ChunkLayers> balanced_partition(const std::vector<double>& costs, int chunks,
+                                            const std::vector<int>& rank_of_chunk) {
+  LATTICE_CHECK(static_cast<int>(rank_of_chunk.size()) == chunks,
+                "balanced_partition: " << rank_of_chunk.size() << " placements for " << chunks << " chunks");
+  const int ranks = *std::max_element(rank_of_chunk.begin(), rank_of_chunk.end()) + 1;
+  // (most loaded rank, most expensive chunk) of a cut.
+  auto score = [&](const std::vector<ChunkLayers>& c) {
+    std::vector<double> load(static_cast<size_t>(ranks), 0.0);
+    const std::vector<double> x = chunk_costs(costs, c);
+    for (int k = 0; k < chunks; k++) load[rank_of_chunk[k]] += x[k];
+    return std::make_pair(*std::max_element(load.begin(), load.end()), *std::max_element(x.begin(), x.end()));
+  };
+  return move_boundaries(balanced_partition(costs, chunks), [&](const auto& candidate, const auto& current) {
+    const auto a = score(candidate), b = score(current);
+    const double eps = 1e-9 * std::max(1.0, b.first);
+    return a.first < b.first - eps || (a.first <= b.first + eps && a.second < b.second - eps);
+  });
+}
+
 double simulated_makespan(const std::vector<double>& costs, const std::vector<ChunkLayers>& cut,
                           const Schedule& schedule) {
-  const int L = static_cast<int>(costs.size()) - 2, S = static_cast<int>(cut.size());
-  LATTICE_CHECK(S == schedule.stages, "simulated_makespan: " << S << " chunks for " << schedule.stages << " stages");
+  LATTICE_CHECK(static_cast<int>(cut.size()) == schedule.stages,
+                "simulated_makespan: " << cut.size() << " chunks for " << schedule.stages << " stages");
   Costs c;
-  c.by_stage.resize(static_cast<size_t>(S));
-  for (int k = 0; k < S; k++) {
-    double x = (k == 0 ? costs[0] : 0.0) + (k == S - 1 ? costs[L + 1] : 0.0);
-    for (int l = cut[k].first; l < cut[k].last; l++) x += costs[l + 1];
-    c.by_stage[k] = {x / 3, x / 3, x / 3};
-  }
+  for (double x : chunk_costs(costs, cut)) c.by_stage.push_back({x / 3, x / 3, x / 3});
   return simulate(schedule, c).makespan;
 }
 
 std::vector<ChunkLayers> refine_partition(const std::vector<double>& costs, std::vector<ChunkLayers> cut,
                                           const Schedule& schedule) {
-  const int S = static_cast<int>(cut.size());
-  double best = simulated_makespan(costs, cut, schedule);
-  for (bool moved = true; moved;) {
-    moved = false;
-    for (int k = 1; k < S; k++)  // the boundary between chunks k-1 and k
-      for (int delta : {-1, 1}) {
-        std::vector<ChunkLayers> c = cut;
-        c[k - 1].last += delta;
-        c[k].first += delta;
-        if (c[k - 1].last <= c[k - 1].first || c[k].first >= c[k].last) continue;
-        const double t = simulated_makespan(costs, c, schedule);
-        if (t < best * (1 - 1e-9)) cut = std::move(c), best = t, moved = true;
-      }
-  }
-  return cut;
+  return move_boundaries(std::move(cut), [&](const auto& candidate, const auto& current) {
+    return simulated_makespan(costs, candidate, schedule) < simulated_makespan(costs, current, schedule) * (1 - 1e-9);
+  });
 }
 
 std::vector<ChunkLayers> explicit_partition(const std::vector<int>& layers_per_chunk, int layers, int chunks,
