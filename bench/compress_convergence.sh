@@ -3,7 +3,7 @@
 # and without error feedback, on the bundled Moby-Dick tokens, one chart.
 #
 #   bench/compress_convergence.sh [--quick] [--ranks N] [--steps S] [--plot PREFIX]
-#                                 [--rows FILTER] [--timeout SECONDS]
+#                                 [--rows FILTER] [--set KEY=VALUE ...] [--timeout SECONDS]
 #
 # Model: the demo's (configs/demo.toml: L=4 C=128 H=4, V=50257, T=128) with
 # micro-batches of 8 sequences per rank, --ranks data-parallel ranks (default
@@ -13,7 +13,9 @@
 # 40 steps, evaluation every 20 (a smoke test of the script).
 #
 # Rows: none (f32 gradients), bf16, f16, int8, onebit, topk (1%) with error
-# feedback, and onebit-noef, topk-noef without it. Each row's metrics JSONL
+# feedback, and onebit-noef, topk-noef without it; --rows keeps those whose
+# name contains one of the comma-separated filters. --set passes a config
+# override to every row (e.g. compression.warmup_steps=60, optim.grad_clip=0). Each row's metrics JSONL
 # is kept under $TMPDIR; --plot PREFIX (default: none) draws PREFIXloss.svg and
 # PREFIXval_loss.svg with every row (lattice inspect RUN.jsonl ... --plot).
 #
@@ -26,6 +28,7 @@ cd "$(dirname "$0")/.."
 LATTICE_BIN=${LATTICE_BIN:-build/lattice}
 PYTHON=${PYTHON:-/usr/bin/python3}
 RANKS=4 STEPS=300 EVAL=50 QUICK=0 PLOT="" ROWS_FILTER="" TIMEOUT=3600
+EXTRA=()
 
 usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
 need() { [[ $# -ge 2 && -n "$2" ]] || { echo "compress_convergence: $1 needs a value" >&2; exit 2; }; }
@@ -36,6 +39,7 @@ while [[ $# -gt 0 ]]; do
     --steps) need "$@"; STEPS="$2"; shift 2 ;;
     --plot) need "$@"; PLOT="$2"; shift 2 ;;
     --rows) need "$@"; ROWS_FILTER="$2"; shift 2 ;;
+    --set) need "$@"; EXTRA+=(--set "$2"); shift 2 ;;
     --timeout) need "$@"; TIMEOUT="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "compress_convergence: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -67,6 +71,11 @@ for row in "${ROWS[@]}"; do
         --set train.threads=1 --set parallel.dp="$RANKS" --set checkpoint.dir= --set log.every=50
         --set log.metrics_file="$work/$name.jsonl" --set compression.grad="$codec")
   [[ $codec == none ]] || sets+=(--set compression.error_feedback="$ef")
+  for ((i = 0; i < ${#EXTRA[@]}; i += 2)); do
+    # compression.* overrides apply to the compressed rows only (they are refused without a codec)
+    [[ $codec == none && ${EXTRA[i+1]} == compression.* ]] && continue
+    sets+=("${EXTRA[i]}" "${EXTRA[i+1]}")
+  done
   echo "== $name (dp=$RANKS, $STEPS steps)" >&2
   timeout "$TIMEOUT" mpiexec -n "$RANKS" --oversubscribe --bind-to none "$LATTICE_BIN" train "${sets[@]}" \
     > "$work/$name.log" 2>&1 || { echo "compress_convergence: $name failed, see $work/$name.log:" >&2; tail -5 "$work/$name.log" >&2; }
@@ -75,9 +84,9 @@ done
 if [[ -n "$PLOT" && ${#kept[@]} -gt 0 ]]; then "$LATTICE_BIN" inspect "${kept[@]}" --plot "$PLOT" | grep wrote >&2; fi
 
 CPU=$("$LATTICE_BIN" bench peak --json 2>/dev/null | "$PYTHON" -c 'import json,sys; print(json.loads(sys.stdin.readline()).get("cpu","?"))' || echo "?")
-"$PYTHON" - "$work" "$RANKS" "$STEPS" "$CPU" <<'PY'
+"$PYTHON" - "$work" "$RANKS" "$STEPS" "$CPU" "${EXTRA[*]:-}" <<'PY'
 import json, math, os, sys
-work, ranks, steps, cpu = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+work, ranks, steps, cpu, extra = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 rows = ["none", "bf16", "f16", "int8", "onebit", "topk", "onebit-noef", "topk-noef"]
 res = {}
 for r in rows:
@@ -91,7 +100,8 @@ for r in rows:
     full = sum(l.get("grad_bytes_uncompressed", 0) for l in lines)
     res[r] = dict(val=val[-1] if val else float("nan"), train=sum(train[-10:]) / max(1, len(train[-10:])),
                   share=(sent / full) if full else 1.0, ms=sum(l.get("step_ms", 0) for l in lines) / max(1, len(lines)))
-print(f"\nCPU: {cpu}; dp={ranks} (oversubscribed: loss only), {steps} steps, demo model, Moby-Dick")
+print(f"\nCPU: {cpu}; dp={ranks} (oversubscribed: loss only), {steps} steps, demo model, Moby-Dick"
+      + (f"; {extra}" if extra else ""))
 print(f"{'row':<12} {'final val':>9} {'vs none':>8} {'train (last 10)':>15} {'bytes share':>11}")
 base = res.get("none", {}).get("val")
 for r in rows:

@@ -419,6 +419,16 @@ TEST(PipelineTrainer, EvaluationMatchesOneProcess) {
   const std::vector<double> want = eval(pp_layout(1, "1f1b"), mpitest::self());
   const std::vector<double> got = eval(pp_layout(2, "1f1b"), groups_of(2));
   for (size_t i = 0; i < want.size(); i++) EXPECT_NEAR(got[i], want[i], 1e-5 * std::fabs(want[i])) << "eval " << i;
+  if (world().size() < 4) return;
+  // Under data parallelism and ZeRO-3 (every forward gathers its parameters).
+  io::RunConfig one = pp_layout(1, "1f1b"), z3 = pp_layout(2, "zb-h1");
+  one.train.grad_accum_steps = z3.train.grad_accum_steps = 1;
+  one.train.global_batch_size = z3.train.global_batch_size = 8;
+  z3.parallel.dp = 2;
+  z3.parallel.zero_stage = 3;
+  const std::vector<double> want8 = eval(one, mpitest::self()), got3 = eval(z3, groups_of(4));
+  for (size_t i = 0; i < want8.size(); i++)
+    EXPECT_NEAR(got3[i], want8[i], 1e-5 * std::fabs(want8[i])) << "dp2 x pp2 ZeRO-3 eval " << i;
 }
 
 // The message with which building a trainer for `c` on `ranks` fails.
