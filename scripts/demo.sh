@@ -36,11 +36,9 @@ done
 lattice="$root/build/lattice"
 cd "$root"
 
-data_dir="$root/data/moby"
-if [[ ! -f "$data_dir/train_000000.bin" || ! -f "$data_dir/val_000000.bin" ]]; then
-  echo "== preparing Moby-Dick"
-  "$lattice" prepare --input .cache/data/moby-dick.txt --out "$data_dir" --val-fraction 0.05
-fi
+data_dir="$root/data/moby"  # tokenized by setup.sh
+[[ -f "$data_dir/train_000000.bin" && -f "$data_dir/val_000000.bin" ]] ||
+  { echo "demo.sh: $data_dir has no train/val shards (scripts/setup.sh prepares them)" >&2; exit 1; }
 
 run_dir="$root/runs/demo"
 rm -rf "$run_dir"

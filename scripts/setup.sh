@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what lattice needs (Debian packages, data files) when missing, then
-# configures and builds a Release build in build/. Idempotent: a second run
-# with everything present only rebuilds what changed.
+# configures and builds a Release build in build/, and tokenizes the bundled
+# Moby-Dick into data/moby/ (the demo trains on it; a compression test in the
+# suite too). Idempotent: a second run with everything present only rebuilds
+# what changed.
 #
 #   scripts/setup.sh [--native] [--build-dir DIR] [--no-build]
 set -euo pipefail
@@ -44,4 +46,12 @@ fi
 if [[ $do_build -eq 1 ]]; then
   cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DLATTICE_NATIVE="$native" >/dev/null
   cmake --build "$build_dir" -j "$(nproc)"
+fi
+
+# The demo corpus as GPT-2 tokens, once.
+data_dir="$root/data/moby"
+if [[ -x "$build_dir/lattice" && -f "$root/.cache/data/moby-dick.txt" &&
+      ( ! -f "$data_dir/train_000000.bin" || ! -f "$data_dir/val_000000.bin" ) ]]; then
+  echo "setup: preparing Moby-Dick in $data_dir"
+  (cd "$root" && "$build_dir/lattice" prepare --input .cache/data/moby-dick.txt --out "$data_dir" --val-fraction 0.05)
 fi

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -185,6 +186,8 @@ TEST(CompressedTraining, EveryZeroStageKeepsTheReplicasIdentical) {
 // training learns (its loss falls well below the start).
 TEST(CompressedTraining, ErrorFeedbackMatters) {
   if (world().size() != 2) GTEST_SKIP() << "run at dp=2";
+  const std::string data = std::string(LATTICE_SOURCE_DIR) + "/data/moby/train_000000.bin";
+  ASSERT_TRUE(std::filesystem::exists(data)) << data << " is missing: scripts/setup.sh tokenizes the bundled Moby-Dick";
   auto run = [](const std::string& codec, bool feedback) {
     io::RunConfig c = dp_run(codec, 1);
     c.model.vocab_size = 50257;
