@@ -130,6 +130,11 @@ class ParamGroup {
   // nor read); later micro-batches accumulate. This saves a pass over every
   // gradient per step (a memset of 0.5 GB at GPT-2 124M).
   void zero_grad();
+  // Zeroes the gradient buffer outside the parameters (the gaps between them
+  // and the tail up to capacity()). A reduction that rewrites the whole
+  // buffer — a compressed one decodes every position, onebit as ±scale —
+  // must find zeros there again, or what it left would be fed back in.
+  void zero_grad_padding();
   float* write_grad(size_t i, bool* accumulate);
   // True if parameter i's gradient has been written since zero_grad().
   bool grad_written(size_t i) const { return grad_written_[i] != 0; }

@@ -20,7 +20,7 @@ struct Trainer::Pipeline {
   std::vector<pipeline::ChunkLayers> cut;            // layers of each stage
   std::vector<std::unique_ptr<model::GPT>> models;   // this rank's stages, in stage order
   std::vector<int> model_stage;                      // their stage indices
-  // AdamW over every model, with data parallelism (ZeRO 0 or 1) over the replicas.
+  // AdamW over every model, with data parallelism (ZeRO 0-3) over the replicas.
   std::unique_ptr<parallel::DistributedOptimizer> optimizer;
   std::unique_ptr<model::GPT> whole;                 // the whole model, declared only (checkpoint layout)
   std::unique_ptr<pipeline::Executor> executor;

@@ -58,7 +58,10 @@ std::string Trainer::describe_pipeline() const {
   if (pp.optimizer->ranks() > 1)
     out += "; " + std::to_string(pp.optimizer->ranks()) + " data-parallel replicas, ZeRO stage " +
            std::to_string(pp.optimizer->stage()) +
-           (pp.optimizer->stage() == 1 ? " (Adam moments sharded)" : " (gradients all-reduced)");
+           (pp.optimizer->stage() == 0   ? " (gradients all-reduced)"
+            : pp.optimizer->stage() == 1 ? " (Adam moments sharded)"
+            : pp.optimizer->stage() == 2 ? " (moments and gradients sharded)"
+                                         : " (moments, gradients and parameters sharded)");
   if (pp.optimizer->ranks() > 1 && config_.compression.grad != "none")
     out += ", gradients compressed " + config_.compression.grad +
            (config_.compression.error_feedback ? " with" : " without") + " error feedback";
@@ -199,7 +202,10 @@ double Trainer::pipeline_step(double* norm_out) {
                                 static_cast<float>(config_.optim.lr), static_cast<float>(config_.optim.min_lr));
   LATTICE_CHECK(std::isfinite(loss) && std::isfinite(norm),
                 "step " << step_ + 1 << ": loss " << loss << ", grad norm " << norm
-                        << " is not finite; lower optim.lr or check the data");
+                        << " is not finite; lower optim.lr or check the data"
+                        << (config_.compression.grad == "f16"
+                                ? " (or compression.grad=f16 overflowed: its largest value is 65504; bf16 has f32's range)"
+                                : ""));
   const float scale =
       optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) / static_cast<float>(replicas);
   pp.optimizer->step(lr, scale);

@@ -302,7 +302,10 @@ StepStats Trainer::train_step_unguarded() {
     // Loss and norm are reduced: every rank takes this decision alike.
     LATTICE_CHECK(std::isfinite(loss) && std::isfinite(norm),
                   "step " << step_ + 1 << ": loss " << loss << ", grad norm " << norm
-                          << " is not finite; lower optim.lr or check the data");
+                          << " is not finite; lower optim.lr or check the data"
+                        << (config_.compression.grad == "f16"
+                                ? " (or compression.grad=f16 overflowed: its largest value is 65504; bf16 has f32's range)"
+                                : ""));
     dp_->optimizer_step(lr, optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) /
                                 static_cast<float>(ranks));
   }

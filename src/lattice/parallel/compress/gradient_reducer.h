@@ -62,9 +62,10 @@ class GradientReducer {
   GradientReducer(CommStream& stream, const CompressionOptions& options);
 
   const CompressionOptions& options() const { return options_; }
-  // Before a step: compression applies from step index warmup_steps on.
+  // Before a step: compression applies from step index warmup_steps on (and
+  // never over one rank, which sends nothing).
   void begin_step(int64_t step) {
-    compressing_ = options_.spec.codec != GradCodec::None && step >= options_.warmup_steps;
+    compressing_ = options_.spec.codec != GradCodec::None && step >= options_.warmup_steps && stream_.comm().size() > 1;
   }
   bool compressing() const { return compressing_; }
 

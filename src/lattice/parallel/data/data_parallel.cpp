@@ -241,6 +241,7 @@ std::string DataParallel::describe() const {
     if (c.spec.codec == GradCodec::TopK) s << " (ratio " << c.spec.topk_ratio << ")";
     s << (c.error_feedback ? " with" : " without") << " error feedback";
     if (c.warmup_steps > 0) s << " after " << c.warmup_steps << " uncompressed steps";
+    if (stream_->progress() == Progress::Poll) s << " (poll progress: compressed reductions run inline, no overlap)";
   }
   s << ", optimizer state in " << const_cast<optim::AdamW&>(*optimizer_).store().describe();
   return s.str();
@@ -438,6 +439,7 @@ void DataParallel::grads_done(size_t g) {
 
 void DataParallel::reduce_group(size_t g) {
   model::ParamGroup& group = groups_[g];
+  group.zero_grad_padding();
   const GroupShard& s = layout_.group(g);
   float* grad = group.grad_storage();
   const int64_t k = s.slice;

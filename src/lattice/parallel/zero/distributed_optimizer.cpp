@@ -91,8 +91,7 @@ DistributedOptimizer::DistributedOptimizer(std::vector<model::GPT*> models, comm
       for (const ShardLayout::Run& run : e.runs) {
         optim::AdamWSegment seg;
         seg.param = stage_ < 3 ? e.group->data() + run.begin : nullptr;
-        seg.grad =
-            stage_ >= 1 ? e.shard_grad.as<float>() + run.shard_offset : e.group->grad_storage() + run.begin;
+        seg.grad = stage_ >= 1 ? e.shard_grad.as<float>() + run.shard_offset : e.group->grad_storage() + run.begin;
         seg.n = run.n;
         seg.state_offset = e.state_base + run.shard_offset;
         seg.decay = e.group->params()[run.param].weight_decay;
@@ -241,6 +240,7 @@ void DistributedOptimizer::reduce_grads(size_t j, size_t g) {
   Group& e = models_[j][g];
   model::ParamGroup& group = *e.group;
   zero_unwritten(group);
+  group.zero_grad_padding();
   float* grad = group.grad_storage();
   const int64_t capacity = group.capacity();
   if (dp_.size() == 1) {  // no one to reduce with: the slice is the gradient
@@ -264,6 +264,7 @@ void DistributedOptimizer::reduce(size_t j, bool embedding) {
     Group& e = models_[j][i];
     model::ParamGroup& group = *e.group;
     zero_unwritten(group);
+    group.zero_grad_padding();
     if (dp_.size() == 1) continue;
     float* grad = group.grad_storage();
     const GroupShard& b = e.buckets;

@@ -21,8 +21,9 @@
 //            backward of the stage, as the model's hooks report it done —
 //            m reductions per step where stages 0-1 make one.  4Ψ + 12Ψ/n
 //   stage 3  parameters sharded too: each group is all-gathered into a
-//            borrowed buffer for every pass that reads it (each chunk's F,
-//            I/B and W of every micro-batch) and released after it. 16Ψ/n
+//            borrowed buffer for every pass that reads it (each chunk's F
+//            and B or I of every micro-batch: W reads none) and released
+//            after it.                                            16Ψ/n
 // plus the borrowed buffers (at stages 2-3 the tied embedding is gathered
 // and reduced whole: DataParallel's piece-by-piece ShardedEmbedding is for a
 // model that runs both lookup and head). The tied embedding's two copies
@@ -32,7 +33,7 @@
 //
 // Bytes each rank sends per step: stages 0-1 2Ψ(n-1)/n; stage 2 m·Ψ(n-1)/n
 // plus Ψ(n-1)/n of parameter gathers; stage 3 m·Ψ(n-1)/n of gradients plus
-// (2 or 3)·m·Ψ(n-1)/n of gathers.
+// 2·m·Ψ(n-1)/n of gathers.
 #pragma once
 
 #include <cstdint>
@@ -103,12 +104,12 @@ class DistributedOptimizer {
   class StageHooks;
   struct Group {
     model::ParamGroup* group;
-    int64_t key = 0;      // GradientReducer key group
-    GroupShard buckets;   // the reduction's chunks over the dp ranks
-    GroupShard shard;     // what this rank's optimizer updates (the whole group at stage 0)
+    int64_t key = 0;     // GradientReducer key group
+    GroupShard buckets;  // the reduction's chunks over the dp ranks
+    GroupShard shard;    // what this rank's optimizer updates (the whole group at stage 0)
     std::vector<ShardLayout::Run> runs;
-    int64_t state_base = 0;  // offset of its shard in the optimizer state
-    Buffer shard_grad;       // stages 1-3: this rank's summed slices
+    int64_t state_base = 0;      // offset of its shard in the optimizer state
+    Buffer shard_grad;           // stages 1-3: this rank's summed slices
     bool shard_written = false;  // stages 2-3: this step's first reduction overwrites
     int param_users = 0;         // stage 3: passes reading the gathered buffer
   };

@@ -106,6 +106,7 @@ void ShardedEmbedding::head_weight_into_group(const float* dlogits, const float*
   bool wpe_acc = false;
   float* dwpe = group_.write_grad(kWpe, &wpe_acc);
   if (!wpe_acc) std::memset(dwpe, 0, sizeof(float) * group_.params()[kWpe].numel());
+  group_.zero_grad_padding();
   float* grad = group_.grad_storage();
   const int64_t chunk = shard_.chunk_numel(), slice = shard_.slice;
   for (int64_t c = 0; c < shard_.chunks; c++) {
