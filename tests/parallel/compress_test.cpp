@@ -232,6 +232,31 @@ TEST(CompressedTraining, EveryZeroStageKeepsTheReplicasIdentical) {
   }
 }
 
+// With tensor parallelism: each TP rank's data-parallel group compresses its
+// slices (dp2 x tp2 on 4 ranks, ZeRO 0 and 2, SP on); bf16 stays within its
+// rounding of the uncompressed run and every rank's full tensors agree.
+TEST(CompressedTraining, WithTensorParallelism) {
+  if (world().size() != 4) GTEST_SKIP() << "dp2 x tp2 needs 4 ranks";
+  for (int zero : {0, 2}) {
+    io::RunConfig c = dp_run("none", zero);
+    c.parallel.dp = 2;
+    c.parallel.tp = 2;
+    c.parallel.sequence_parallel = true;
+    const mpitest::RunResult plain = mpitest::train_run(c, world());
+    c.compression.grad = "bf16";
+    const mpitest::RunResult got = mpitest::train_run(c, world());
+    for (size_t s = 0; s < got.losses.size(); s++)
+      EXPECT_NEAR(got.losses[s], plain.losses[s], 2e-3 * std::fabs(plain.losses[s])) << "ZeRO-" << zero << " step "
+                                                                                      << s + 1;
+    for (const train::HfTensor& p : got.params) {
+      const std::vector<float> copies = everyone(world(), p.data);
+      for (int r = 1; r < world().size(); r++)
+        ASSERT_TRUE(std::equal(copies.begin(), copies.begin() + p.data.size(), copies.begin() + r * p.data.size()))
+            << p.name << " differs on rank " << r;
+    }
+  }
+}
+
 // The padding of a bucket is not a gradient: a codec that decodes every
 // position (onebit writes ±scale where there were zeros) must not feed what
 // it left there into the next step. With C=40 every block's bucket ends in a

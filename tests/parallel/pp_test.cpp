@@ -268,9 +268,9 @@ TEST(PipelineTrainer, DataParallelPipelinesTrainTheOneProcessModel) {
 }
 
 // Gradient compression over pipelines (compress/gradient_reducer.h through
-// the DistributedOptimizer): at ZeRO 0 and 1 the replicas of every stage stay
-// bit-identical, the gradient bytes are the codec's share, and bf16 stays
-// within its rounding of the uncompressed run.
+// the DistributedOptimizer) at every ZeRO stage: the replicas of every stage
+// stay bit-identical, the gradient bytes are the codec's share, and bf16
+// stays within its rounding of the uncompressed run.
 TEST(PipelineTrainer, CompressedGradientsOverPipelines) {
   if (world().size() < 4) GTEST_SKIP() << "dp2 x pp2 needs 4 ranks";
   auto layout = [](const char* codec, int zero) {
@@ -283,7 +283,7 @@ TEST(PipelineTrainer, CompressedGradientsOverPipelines) {
     return c;
   };
   comm::Communicator& four = groups_of(4);
-  for (int zero : {0, 1}) {
+  for (int zero : {0, 1, 2, 3}) {
     const mpitest::RunResult plain = mpitest::train_run(layout("none", zero), four);
     for (const char* codec : {"bf16", "int8", "onebit"}) {
       const std::string what = std::string(codec) + " dp2 x pp2 ZeRO-" + std::to_string(zero);
