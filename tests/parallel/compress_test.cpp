@@ -39,12 +39,7 @@ std::vector<float> normal(size_t n, unsigned seed) {
   return v;
 }
 
-// Every rank's copy of `v`, for comparing across ranks.
-std::vector<float> everyone(comm::Communicator& c, const std::vector<float>& v) {
-  std::vector<float> all(v.size() * c.size());
-  c.all_gather(v.data(), all.data(), v.size(), DType::F32);
-  return all;
-}
+using mpitest::first_differing_rank;
 
 const GradCodec kCodecs[] = {GradCodec::BF16, GradCodec::F16, GradCodec::Int8, GradCodec::OneBit, GradCodec::TopK};
 
@@ -69,9 +64,7 @@ TEST(GradientReducer, IdenticalEverywhereAtTheCodecsShareOfTheBytes) {
       c.all_reduce(exact.data(), exact.size(), DType::F32, comm::ReduceOp::Sum);
       stream.wait(reducer.all_reduce(GradientReducer::key(1, 0), got.data(), k, "test"));
       const std::string what = std::string(grad_codec_name(codec)) + (feedback ? " with" : " without") + " EF";
-      const std::vector<float> all = everyone(c, got);
-      for (int r = 1; r < n; r++)
-        EXPECT_TRUE(std::equal(all.begin(), all.begin() + n * k, all.begin() + r * n * k)) << what << " rank " << r;
+      EXPECT_EQ(first_differing_rank(c, got), -1) << what;
       if (codec == GradCodec::BF16 || codec == GradCodec::F16) {
         const double rel = codec == GradCodec::BF16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -9);
         for (size_t i = 0; i < exact.size(); i++) EXPECT_NEAR(got[i], exact[i], rel * 4e-3 * n) << what << " " << i;
@@ -207,12 +200,8 @@ TEST(CompressedTraining, EveryZeroStageKeepsTheReplicasIdentical) {
       }
       got.params = t.full_tensors();
       // Identical on every rank, bit for bit.
-      for (const train::HfTensor& p : got.params) {
-        const std::vector<float> copies = everyone(all, p.data);
-        for (int r = 1; r < all.size(); r++)
-          ASSERT_TRUE(std::equal(copies.begin(), copies.begin() + p.data.size(), copies.begin() + r * p.data.size()))
-              << what << ": " << p.name << " differs on rank " << r;
-      }
+      for (const train::HfTensor& p : got.params)
+        ASSERT_EQ(first_differing_rank(all, p.data), -1) << what << ": " << p.name << " differs on that rank";
       const double share = sent / uncompressed;
       const double want = std::string(codec) == "bf16" || std::string(codec) == "f16" ? 0.5
                           : std::string(codec) == "int8"                              ? 0.27
@@ -248,12 +237,8 @@ TEST(CompressedTraining, WithTensorParallelism) {
     for (size_t s = 0; s < got.losses.size(); s++)
       EXPECT_NEAR(got.losses[s], plain.losses[s], 2e-3 * std::fabs(plain.losses[s])) << "ZeRO-" << zero << " step "
                                                                                       << s + 1;
-    for (const train::HfTensor& p : got.params) {
-      const std::vector<float> copies = everyone(world(), p.data);
-      for (int r = 1; r < world().size(); r++)
-        ASSERT_TRUE(std::equal(copies.begin(), copies.begin() + p.data.size(), copies.begin() + r * p.data.size()))
-            << p.name << " differs on rank " << r;
-    }
+    for (const train::HfTensor& p : got.params)
+      ASSERT_EQ(first_differing_rank(world(), p.data), -1) << p.name << " differs on that rank";
   }
 }
 

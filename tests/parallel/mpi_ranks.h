@@ -5,9 +5,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lattice/comm/mpi_communicator.h"
 #include "lattice/comm/runtime.h"
@@ -17,6 +19,18 @@ namespace lattice::mpitest {
 inline comm::Communicator& world() {
   static std::unique_ptr<comm::Communicator> w = comm::make_world_communicator();
   return *w;
+}
+
+// The first rank of `c` whose `v` differs from rank 0's, or -1 when every
+// rank holds the same values (collective; v the same length everywhere).
+inline int first_differing_rank(comm::Communicator& c, const std::vector<float>& v) {
+  std::vector<float> all(v.size() * static_cast<size_t>(c.size()));
+  c.all_gather(v.data(), all.data(), v.size(), DType::F32);
+  for (int r = 1; r < c.size(); r++)
+    if (!std::equal(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(v.size()),
+                    all.begin() + static_cast<std::ptrdiff_t>(r * v.size())))
+      return r;
+  return -1;
 }
 
 // A communicator of this rank alone: the one-process reference.

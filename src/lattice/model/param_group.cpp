@@ -173,16 +173,20 @@ const ParamInfo* ParamGroup::find(const std::string& name) const {
 void ParamGroup::zero_grad() { std::fill(grad_written_.begin(), grad_written_.end(), 0); }
 
 void ParamGroup::zero_grad_padding() {
-  std::vector<std::pair<int64_t, int64_t>> used;  // [offset, end) of every parameter
-  for (const ParamInfo& p : params_) used.emplace_back(p.offset, p.offset + p.numel());
-  std::sort(used.begin(), used.end());
   float* g = grad_storage();
-  int64_t at = 0;
-  for (const auto& [begin, end] : used) {
-    if (begin > at) std::memset(g + at, 0, static_cast<size_t>(begin - at) * sizeof(float));
-    at = std::max(at, end);
+  int64_t at = 0;  // add() lays the parameters out in order, each after the last
+  for (const ParamInfo& p : params_) {
+    if (p.offset > at) std::memset(g + at, 0, static_cast<size_t>(p.offset - at) * sizeof(float));
+    at = p.offset + p.numel();
   }
   if (capacity_ > at) std::memset(g + at, 0, static_cast<size_t>(capacity_ - at) * sizeof(float));
+}
+
+void ParamGroup::zero_unwritten_grads() {
+  for (size_t i = 0; i < params_.size(); i++) {
+    bool accumulate = false;
+    if (!grad_written_[i]) std::memset(write_grad(i, &accumulate), 0, sizeof(float) * params_[i].numel());
+  }
 }
 
 float* ParamGroup::write_grad(size_t i, bool* accumulate) {

@@ -135,6 +135,10 @@ class ParamGroup {
   // buffer — a compressed one decodes every position, onebit as ±scale —
   // must find zeros there again, or what it left would be fed back in.
   void zero_grad_padding();
+  // Makes every parameter's gradient exist: one not written since
+  // zero_grad() (a stage's unused share, e.g. wpe on a last pipeline stage)
+  // becomes zeros, written — what a reduction of the whole buffer needs.
+  void zero_unwritten_grads();
   float* write_grad(size_t i, bool* accumulate);
   // True if parameter i's gradient has been written since zero_grad().
   bool grad_written(size_t i) const { return grad_written_[i] != 0; }

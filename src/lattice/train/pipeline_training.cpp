@@ -137,13 +137,9 @@ void Trainer::build_pipeline(uint64_t seed) {
     for (auto& m : pp.models)
       for (model::ParamGroup& g : m->groups()) import_hf_group(g, g.data(), src);
   }
-  parallel::CompressionOptions compression;
-  compression.spec.codec = parallel::grad_codec_from_name(config_.compression.grad);
-  compression.spec.topk_ratio = config_.compression.topk_ratio;
-  compression.error_feedback = config_.compression.error_feedback;
-  compression.warmup_steps = config_.compression.warmup_steps;
-  pp.optimizer = std::make_unique<parallel::DistributedOptimizer>(
-      mine, mesh_->dp(), p.zero_stage, p.bucket_mb * 1024.0 * 1024.0, adam, compression, parallel::progress_from_env());
+  pp.optimizer = std::make_unique<parallel::DistributedOptimizer>(mine, mesh_->dp(), p.zero_stage,
+                                                                  p.bucket_mb * 1024.0 * 1024.0, adam,
+                                                                  compression_options(), parallel::progress_from_env());
   pp.executor = std::make_unique<pipeline::Executor>(pp.schedule, mine, mesh_->pp());
   // Stages 0-1: a stage's gradients (but the tied embedding's) go to the
   // replicas as soon as its last backward has run, overlapping the rest of
@@ -175,7 +171,7 @@ std::vector<pipeline::MicroBatch> Trainer::next_batches(BatchSource& source) {
   return batches;
 }
 
-double Trainer::pipeline_step(double* norm_out) {
+double Trainer::pipeline_step(float lr, double* norm_out) {
   Pipeline& pp = *pipe_;
   const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
   for (auto& m : pp.models) m->zero_grad();
@@ -198,14 +194,7 @@ double Trainer::pipeline_step(double* norm_out) {
   mesh_->pp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
   if (tp_) mesh_->tp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
   const double norm = std::sqrt(sum_squares) / replicas;
-  const float lr = optim::lr_at(step_, config_.train.steps, config_.optim.warmup_steps,
-                                static_cast<float>(config_.optim.lr), static_cast<float>(config_.optim.min_lr));
-  LATTICE_CHECK(std::isfinite(loss) && std::isfinite(norm),
-                "step " << step_ + 1 << ": loss " << loss << ", grad norm " << norm
-                        << " is not finite; lower optim.lr or check the data"
-                        << (config_.compression.grad == "f16"
-                                ? " (or compression.grad=f16 overflowed: its largest value is 65504; bf16 has f32's range)"
-                                : ""));
+  check_finite(loss, norm);
   const float scale =
       optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) / static_cast<float>(replicas);
   pp.optimizer->step(lr, scale);

@@ -160,10 +160,7 @@ void Trainer::build_replicas(uint64_t seed) {
   dpo.adam.weight_decay = static_cast<float>(config_.optim.weight_decay);
   // The gradient norm over the TP group counts replicated parameters on TP rank 0 only.
   dpo.count_replicated = mesh_->coord().tp == 0;
-  dpo.compression.spec.codec = parallel::grad_codec_from_name(config_.compression.grad);
-  dpo.compression.spec.topk_ratio = config_.compression.topk_ratio;
-  dpo.compression.error_feedback = config_.compression.error_feedback;
-  dpo.compression.warmup_steps = config_.compression.warmup_steps;
+  dpo.compression = compression_options();
   dp_ = std::make_unique<parallel::DataParallel>(*model_, mesh_->dp(), dpo);
   // Initial values: drawn, or from a model file (every rank reads it and
   // keeps its part); resuming overwrites them all, so nothing is drawn then.
@@ -258,6 +255,24 @@ static auto ending_job_on_error(const comm::ProcessMesh& mesh, Fn fn) {
   }
 }
 
+void Trainer::check_finite(double loss, double norm) const {
+  LATTICE_CHECK(std::isfinite(loss) && std::isfinite(norm),
+                "step " << step_ + 1 << ": loss " << loss << ", grad norm " << norm
+                        << " is not finite; lower optim.lr or check the data"
+                        << (config_.compression.grad == "f16"
+                                ? " (or compression.grad=f16 overflowed: its largest value is 65504; bf16 has f32's range)"
+                                : ""));
+}
+
+parallel::CompressionOptions Trainer::compression_options() const {
+  parallel::CompressionOptions c;
+  c.spec.codec = parallel::grad_codec_from_name(config_.compression.grad);
+  c.spec.topk_ratio = config_.compression.topk_ratio;
+  c.error_feedback = config_.compression.error_feedback;
+  c.warmup_steps = config_.compression.warmup_steps;
+  return c;
+}
+
 StepStats Trainer::train_step() {
   return ending_job_on_error(*mesh_, [&] { return train_step_unguarded(); });
 }
@@ -272,7 +287,7 @@ StepStats Trainer::train_step_unguarded() {
   if (pipe_) {
     tp_bytes_before = tp_ ? tp_->group().stats().bytes_sent : 0;
     if (tp_) tp_->reset_comm_seconds();
-    loss = pipeline_step(&norm);  // the micro-batches through the stages, and the update
+    loss = pipeline_step(lr, &norm);  // the micro-batches through the stages, and the update
   } else {
     const int micro = micro_batches_, ranks = dp_->ranks();
     tp_bytes_before = tp_ ? tp_->group().stats().bytes_sent : 0;
@@ -299,13 +314,7 @@ StepStats Trainer::train_step_unguarded() {
     double sum_squares = dp_->grad_sum_squares();
     if (tp_) mesh_->tp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
     norm = std::sqrt(sum_squares) / ranks;
-    // Loss and norm are reduced: every rank takes this decision alike.
-    LATTICE_CHECK(std::isfinite(loss) && std::isfinite(norm),
-                  "step " << step_ + 1 << ": loss " << loss << ", grad norm " << norm
-                          << " is not finite; lower optim.lr or check the data"
-                        << (config_.compression.grad == "f16"
-                                ? " (or compression.grad=f16 overflowed: its largest value is 65504; bf16 has f32's range)"
-                                : ""));
+    check_finite(loss, norm);
     dp_->optimizer_step(lr, optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) /
                                 static_cast<float>(ranks));
   }

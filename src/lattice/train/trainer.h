@@ -39,6 +39,7 @@ class ProcessMesh;
 }
 namespace lattice::parallel {
 class DataParallel;
+struct CompressionOptions;
 }
 namespace lattice::tensor {
 class TensorParallel;
@@ -143,7 +144,13 @@ class Trainer {
   void pipeline_bubbles(double* measured, double* simulated) const;
   void pipeline_grad_bytes(uint64_t* sent, uint64_t* uncompressed);
   std::string describe_pipeline() const;
-  double pipeline_step(double* norm);  // one step's micro-batches and update; returns the loss
+  // One step's micro-batches and the update at learning rate `lr`; returns the loss.
+  double pipeline_step(float lr, double* norm);
+  // The step's reduced loss and gradient norm are finite, or the run stops
+  // saying so (every rank alike: both are reduced).
+  void check_finite(double loss, double norm) const;
+  // compression.* as the gradient reducer takes it.
+  parallel::CompressionOptions compression_options() const;
   double pipeline_evaluate();
   std::vector<pipeline::MicroBatch> next_batches(BatchSource& source);
   // Group g of the whole model (by whole-model index) as HF tensors, on the

@@ -8,6 +8,10 @@
 
 namespace lattice::parallel {
 
+std::string chunk_label(const char* what, const std::string& group, int64_t c, int64_t chunks) {
+  return std::string(what) + " " + group + " " + std::to_string(c) + "/" + std::to_string(chunks);
+}
+
 const char* progress_name(Progress p) {
   switch (p) {
     case Progress::Thread: return "thread";

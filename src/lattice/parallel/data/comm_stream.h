@@ -41,6 +41,10 @@
 namespace lattice::parallel {
 
 enum class Progress { Thread, Poll, Inline };
+
+// The label of chunk c of `chunks` of a group's operation, for the event log
+// and errors: "grad h.3 0/2".
+std::string chunk_label(const char* what, const std::string& group, int64_t c, int64_t chunks);
 const char* progress_name(Progress p);  // "thread", "poll", "inline"
 // LATTICE_DP_PROGRESS, default Thread; a bad value is an error naming it.
 Progress progress_from_env();

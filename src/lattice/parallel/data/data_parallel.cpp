@@ -80,10 +80,6 @@ namespace {
 // and large enough for its GEMMs (2 MiB = 682 rows of 768) and messages.
 constexpr double kEmbeddingChunkBytes = 2.0 * (1 << 20);
 
-std::string chunk_label(const char* what, const std::string& group, int64_t c, int64_t chunks) {
-  return std::string(what) + " " + group + " " + std::to_string(c) + "/" + std::to_string(chunks);
-}
-
 }  // namespace
 
 DataParallel::DataParallel(model::GPT& model, comm::Communicator& dp, const DataParallelOptions& options)

@@ -217,13 +217,8 @@ double Executor::run_actions(const std::vector<Action>& actions, const std::vect
 void Executor::sync_tied_embedding() {
   const int S = schedule_.stages;
   auto written = [](model::GPT& g) {
-    model::ParamGroup& e = g.embedding_group();
-    for (size_t p = 0; p < e.params().size(); p++) {
-      bool acc = false;
-      float* d = e.write_grad(p, &acc);
-      if (!acc) std::memset(d, 0, sizeof(float) * e.params()[p].numel());
-    }
-    return e.grad_storage();
+    g.embedding_group().zero_unwritten_grads();
+    return g.embedding_group().grad_storage();
   };
   if (S == 1) return;
   model::GPT* first = stage_of_[0];

@@ -12,23 +12,6 @@ namespace lattice::parallel {
 
 using optim::StateStore;
 
-namespace {
-
-std::string chunk_label(const char* what, const model::ParamGroup& g, int64_t c, int64_t chunks) {
-  return std::string(what) + " " + g.name() + " " + std::to_string(c) + "/" + std::to_string(chunks);
-}
-
-// A parameter whose gradient was not written this micro-batch or step (a
-// stage's unused share, e.g. wpe on a last stage) reduces as zeros.
-void zero_unwritten(model::ParamGroup& group) {
-  for (size_t p = 0; p < group.params().size(); p++) {
-    bool acc = false;
-    if (!group.grad_written(p)) std::memset(group.write_grad(p, &acc), 0, sizeof(float) * group.params()[p].numel());
-  }
-}
-
-}  // namespace
-
 // The model's hooks at stages 2-3 (model::GroupHooks): gathers around every
 // pass that reads a group, a borrowed gradient buffer around every backward
 // that writes one, its reduce-scatter when the model says it is written.
@@ -205,7 +188,7 @@ void DistributedOptimizer::gather_params(size_t j, size_t g) {
   CommStream::Ticket t = 0;
   for (int64_t c = 0; c < e.shard.chunks; c++)
     t = stream_->all_gather(shard + c * e.shard.slice, buffer + c * e.shard.chunk_numel(), e.shard.slice,
-                            chunk_label("gather", *e.group, c, e.shard.chunks));
+                            chunk_label("gather", e.group->name(), c, e.shard.chunks));
   stream_->wait(t);
   e.group->attach_params(buffer);
 }
@@ -232,14 +215,14 @@ void DistributedOptimizer::post_reduction(Group& e, float* grad, bool accumulate
   for (int64_t c = 0; c < b.chunks; c++)
     reducer_->reduce_scatter(GradientReducer::key(e.key, c), grad + c * b.chunk_numel(), b.slice,
                              e.shard_grad.as<float>() + c * b.slice, accumulate,
-                             chunk_label("grad", *e.group, c, b.chunks));
+                             chunk_label("grad", e.group->name(), c, b.chunks));
 }
 
 void DistributedOptimizer::reduce_grads(size_t j, size_t g) {
   if (stage_ < 2) return;
   Group& e = models_[j][g];
   model::ParamGroup& group = *e.group;
-  zero_unwritten(group);
+  group.zero_unwritten_grads();
   group.zero_grad_padding();
   float* grad = group.grad_storage();
   const int64_t capacity = group.capacity();
@@ -263,7 +246,7 @@ void DistributedOptimizer::reduce(size_t j, bool embedding) {
     if (is_embedding != embedding) continue;
     Group& e = models_[j][i];
     model::ParamGroup& group = *e.group;
-    zero_unwritten(group);
+    group.zero_unwritten_grads();
     group.zero_grad_padding();
     if (dp_.size() == 1) continue;
     float* grad = group.grad_storage();
@@ -271,7 +254,7 @@ void DistributedOptimizer::reduce(size_t j, bool embedding) {
     for (int64_t c = 0; c < b.chunks; c++) {
       float* chunk = grad + c * b.chunk_numel();
       const int64_t key = GradientReducer::key(e.key, c);
-      const std::string label = chunk_label("grad", group, c, b.chunks);
+      const std::string label = chunk_label("grad", group.name(), c, b.chunks);
       if (stage_ == 1) {
         reducer_->reduce_scatter(key, chunk, b.slice, e.shard_grad.as<float>() + c * b.slice, false, label);
       } else {
@@ -332,7 +315,7 @@ void DistributedOptimizer::step(float lr, float grad_scale) {
       float* data = e.group->data();
       for (int64_t c = 0; c < e.shard.chunks; c++)  // in place: this rank's slice is its block of the chunk
         stream_->all_gather(data + e.shard.slice_begin(c), data + c * e.shard.chunk_numel(), e.shard.slice,
-                            chunk_label("params", *e.group, c, e.shard.chunks));
+                            chunk_label("params", e.group->name(), c, e.shard.chunks));
     }
   stream_->wait_all();
 }
@@ -350,7 +333,7 @@ void DistributedOptimizer::gather_state(size_t j, size_t g, int array, float* ou
   }
   for (int64_t c = 0; c < e.shard.chunks; c++)
     stream_->all_gather(state + c * e.shard.slice, out + c * e.shard.chunk_numel(), e.shard.slice,
-                        chunk_label("checkpoint", *e.group, c, e.shard.chunks));
+                        chunk_label("checkpoint", e.group->name(), c, e.shard.chunks));
   stream_->wait_all();
 }
 
