@@ -12,8 +12,10 @@
 # validation loss every 50 steps (8 batches) and at the end. --quick: dp=2,
 # 40 steps, evaluation every 20 (a smoke test of the script).
 #
-# Rows: none (f32 gradients), bf16, f16, int8, onebit, topk (1%) with error
-# feedback, and onebit-noef, topk-noef without it; --rows keeps those whose
+# Rows: none (f32 gradients), bf16, f16, int8, onebit, topk (1%), powersgd
+# (rank 4) with error feedback, onebit-noef, topk-noef without it, and
+# compute-bf16, compute-f16: uncompressed at precision.compute=bf16 / f16
+# (mixed precision, docs/precision.md); --rows keeps those whose
 # name contains one of the comma-separated filters. --set passes a config
 # override to every row (e.g. compression.warmup_steps=60, optim.grad_clip=0). Each row's metrics JSONL
 # is kept under $TMPDIR; --plot PREFIX (default: none) draws PREFIXloss.svg and
@@ -21,7 +23,8 @@
 #
 # Targets (PASS/MISS): the final validation loss of every codec with error
 # feedback within 3% of uncompressed; onebit and topk without error feedback
-# worse than with it.
+# worse than with it; bf16 compute's loss curve within 2% of f32's at every
+# logged step (train loss) and evaluation.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -55,12 +58,13 @@ if [[ $(id -u) == 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_R
 work=$(mktemp -d "${TMPDIR:-/tmp}/lattice_compress.XXXXXX")
 echo "compress_convergence: metrics in $work" >&2
 
-# name codec error_feedback
-ROWS=("none none true" "bf16 bf16 true" "f16 f16 true" "int8 int8 true" "onebit onebit true" "topk topk true"
-      "onebit-noef onebit false" "topk-noef topk false")
+# name codec error_feedback compute
+ROWS=("none none true f32" "bf16 bf16 true f32" "f16 f16 true f32" "int8 int8 true f32" "onebit onebit true f32"
+      "topk topk true f32" "powersgd powersgd true f32" "onebit-noef onebit false f32" "topk-noef topk false f32"
+      "compute-bf16 none true bf16" "compute-f16 none true f16")
 kept=()
 for row in "${ROWS[@]}"; do
-  read -r name codec ef <<< "$row"
+  read -r name codec ef compute <<< "$row"
   if [[ -n "$ROWS_FILTER" ]]; then
     keep=0
     IFS=',' read -ra pieces <<< "$ROWS_FILTER"
@@ -69,7 +73,7 @@ for row in "${ROWS[@]}"; do
   fi
   sets=(-c configs/demo.toml --set train.micro_batch_size=8 --set train.steps="$STEPS" --set train.eval_every="$EVAL"
         --set train.threads=1 --set parallel.dp="$RANKS" --set checkpoint.dir= --set log.every=50
-        --set log.metrics_file="$work/$name.jsonl" --set compression.grad="$codec")
+        --set log.metrics_file="$work/$name.jsonl" --set compression.grad="$codec" --set precision.compute="$compute")
   [[ $codec == none ]] || sets+=(--set compression.error_feedback="$ef")
   for ((i = 0; i < ${#EXTRA[@]}; i += 2)); do
     # compression.* overrides apply to the compressed rows only (they are refused without a codec)
@@ -87,7 +91,9 @@ CPU=$("$LATTICE_BIN" bench peak --json 2>/dev/null | "$PYTHON" -c 'import json,s
 "$PYTHON" - "$work" "$RANKS" "$STEPS" "$CPU" "${EXTRA[*]:-}" <<'PY'
 import json, math, os, sys
 work, ranks, steps, cpu, extra = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-rows = ["none", "bf16", "f16", "int8", "onebit", "topk", "onebit-noef", "topk-noef"]
+rows = ["none", "bf16", "f16", "int8", "onebit", "topk", "powersgd", "onebit-noef", "topk-noef", "compute-bf16",
+        "compute-f16"]
+curves = {}
 res = {}
 for r in rows:
     path = os.path.join(work, r + ".jsonl")
@@ -96,6 +102,8 @@ for r in rows:
     lines = [json.loads(l) for l in open(path) if l.strip()]
     val = [l["val_loss"] for l in lines if l.get("val_loss") is not None and math.isfinite(l["val_loss"])]
     train = [l["loss"] for l in lines if "loss" in l]
+    curves[r] = ({l["step"]: l["loss"] for l in lines if "loss" in l},
+                 {l["step"]: l["val_loss"] for l in lines if l.get("val_loss") is not None})
     sent = sum(l.get("grad_bytes", 0) for l in lines)
     full = sum(l.get("grad_bytes_uncompressed", 0) for l in lines)
     res[r] = dict(val=val[-1] if val else float("nan"), train=sum(train[-10:]) / max(1, len(train[-10:])),
@@ -114,7 +122,7 @@ for r in rows:
 print("\ntargets:")
 def check(label, ok, detail):
     print(f"  {'n/a ' if ok is None else 'PASS' if ok else 'MISS'}  {label}: {detail}")
-for r in ["bf16", "f16", "int8", "onebit", "topk"]:
+for r in ["bf16", "f16", "int8", "onebit", "topk", "powersgd"]:
     if r in res and base:
         rel = res[r]["val"] / base - 1
         check(f"{r} with error feedback within 3% of uncompressed", abs(rel) <= 0.03, f"{100 * rel:+.2f}%")
@@ -123,5 +131,15 @@ for r in ["onebit", "topk"]:
     if a and b:
         check(f"{r} without error feedback worse than with it", b["val"] > a["val"],
               f"{b['val']:.4f} vs {a['val']:.4f}")
-check("bf16 vs f32 compute curves within 2%", None, "precision.compute (bf16 compute) is not implemented yet")
+def curve_gap(a, b):
+    """The largest relative difference of two {step: loss} curves over their common steps."""
+    common = [s for s in a if s in b and math.isfinite(a[s]) and math.isfinite(b[s])]
+    return max((abs(a[s] / b[s] - 1) for s in common), default=None)
+for r in ["compute-bf16", "compute-f16"]:
+    if r in curves and "none" in curves:
+        tr, va = curve_gap(curves[r][0], curves["none"][0]), curve_gap(curves[r][1], curves["none"][1])
+        ok = None if tr is None else tr <= 0.02 and (va is None or va <= 0.02)
+        label = "bf16" if r.endswith("bf16") else "f16"
+        check(f"{label} vs f32 compute loss curves within 2% (every logged step)", ok,
+              f"train loss within {100 * (tr or 0):.2f}%, val loss within {100 * (va or 0):.2f}%")
 PY

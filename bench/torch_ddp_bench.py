@@ -138,7 +138,9 @@ def exit_reason(code):
     return f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
 
-def parent_main(args):
+def parent_main(args, script=None):
+    """Starts --ranks copies of `script` (default: this file) with the same command line, as DDP ranks.
+    bench/torch_ddp_hooks.py reuses it for its own children."""
     from torch_gpt2_bench import l2_bytes  # the same OPENBLAS_L2_SIZE as the single-process reference
 
     cpus = torch_blas.usable_cpus()
@@ -171,7 +173,7 @@ def parent_main(args):
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
     procs = []
-    cmd = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:]
+    cmd = [sys.executable, os.path.abspath(script or __file__)] + sys.argv[1:]
     try:
         for r in range(args.ranks):
             procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r)),

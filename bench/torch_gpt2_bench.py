@@ -74,6 +74,7 @@ mapped libblas path), "blas_core" (what OpenBLAS says it runs),
 
 import argparse
 import json
+import resource
 import os
 import statistics
 import sys
@@ -89,6 +90,9 @@ SETUP_VAR = "LATTICE_TORCH_BENCH_SETUP"  # the parent's torch_blas.prepare() res
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     torch_blas.add_step_benchmark_args(ap)
+    ap.add_argument("--autocast", choices=["off", "bf16"], default="off",
+                    help="run the forward and the loss under torch.autocast('cpu', dtype=torch.bfloat16) (mixed "
+                         "precision: fp32 weights and optimizer, bf16 matmuls; bench/compare_precision.sh)")
     args = ap.parse_args()
     torch_blas.check_step_benchmark_args(ap, args)
     return args
@@ -177,7 +181,11 @@ def main():
             cpu0, wall0 = time.process_time(), time.perf_counter()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = ref.forward_loss(model, x, y)
+        if args.autocast == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = ref.forward_loss(model, x, y)
+        else:
+            loss = ref.forward_loss(model, x, y)
         loss.backward()
         opt.step()
         dt = time.perf_counter() - t0
@@ -208,6 +216,8 @@ def main():
         "batch": args.batch, "seq": args.seq, "threads": args.threads,
         "steps": args.steps, "warmup": args.warmup,
         "loss_first": losses[0], "loss_last": losses[-1],
+        "compute": "bf16-autocast" if args.autocast == "bf16" else "f32",
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "adamw_foreach": args.foreach == "on",
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "threads_observed": threads_observed,

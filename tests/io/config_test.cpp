@@ -59,7 +59,7 @@ lr = 1e-3
 min_lr = 0
 beta1 = 0.0
 [precision]
-compute = "bf16"
+compute = "f16"
 loss_scale = 1024
 [compression]
 grad = "topk"
@@ -81,7 +81,7 @@ metrics_file = "runs/m.jsonl"
   EXPECT_EQ(c.train.steps, 20);
   EXPECT_DOUBLE_EQ(c.optim.lr, 1e-3);
   EXPECT_DOUBLE_EQ(c.optim.min_lr, 0);  // an integer is accepted for a number
-  EXPECT_EQ(c.precision.compute, "bf16");
+  EXPECT_EQ(c.precision.compute, "f16");
   EXPECT_FALSE(c.precision.dynamic_loss_scale());
   EXPECT_DOUBLE_EQ(c.precision.loss_scale, 1024);
   EXPECT_EQ(c.compression.grad, "topk");
@@ -156,6 +156,11 @@ TEST(Config, WrongTypesAndRanges) {
   EXPECT_ERROR_CONTAINS(parse("[optim]\nlr = inf\n"), "optim.lr must be a number >= 0, got inf");
   EXPECT_ERROR_CONTAINS(parse("", {"compression.topk_ratio=0"}),
                         "compression.topk_ratio must be a number in (0, 1], got 0");
+  EXPECT_ERROR_CONTAINS(parse("", {"compression.grad=powersgd", "compression.rank=0"}),
+                        "compression.rank must be an integer >= 1, got 0");
+  EXPECT_ERROR_CONTAINS(parse("", {"compression.rank=8"}),
+                        "compression.rank applies to compression.grad=\"powersgd\" (it is \"none\")");
+  EXPECT_EQ(parse("", {"compression.grad=powersgd", "compression.rank=8"}).compression.rank, 8);
   EXPECT_ERROR_CONTAINS(parse("", {"parallel.sequence_parallel=yes"}),
                         "parallel.sequence_parallel must be true or false, got \"yes\"");
   EXPECT_ERROR_CONTAINS(parse("[parallel]\nsequence_parallel = 1\n"),
@@ -163,7 +168,7 @@ TEST(Config, WrongTypesAndRanges) {
   EXPECT_ERROR_CONTAINS(parse("", {"precision.compute=fp8"}),
                         "precision.compute must be one of f32, bf16, f16, got \"fp8\"");
   EXPECT_ERROR_CONTAINS(parse("", {"compression.grad=zip"}),
-                        "compression.grad must be one of none, bf16, f16, int8, onebit, topk, got \"zip\"");
+                        "compression.grad must be one of none, bf16, f16, int8, onebit, topk, powersgd, got \"zip\"");
   EXPECT_ERROR_CONTAINS(parse("", {"parallel.schedule=2f2b"}),
                         "parallel.schedule=\"2f2b\" is not a schedule (gpipe, 1f1b, interleaved, zb-h1, zb-v, or csv:FILE)");
   EXPECT_ERROR_CONTAINS(parse("", {"parallel.schedule=gpipe"}),
@@ -172,6 +177,21 @@ TEST(Config, WrongTypesAndRanges) {
                         "parallel.virtual_stages=2 applies to pipeline parallelism");
   EXPECT_ERROR_CONTAINS(parse("", {"log.trace_file=t.json"}),
                         "log.trace_file=\"t.json\" records the pipeline's timeline: it needs parallel.pp > 1");
+  // The loss scale is f16's: refused at f32 and bf16, saying why.
+  EXPECT_ERROR_CONTAINS(parse("", {"precision.compute=bf16", "precision.loss_scale=1024"}),
+                        "precision.loss_scale* apply to precision.compute=\"f16\" (it is \"bf16\"): bf16 has f32's "
+                        "exponent range and needs no loss scale");
+  EXPECT_ERROR_CONTAINS(parse("", {"precision.loss_scale_window=10"}),
+                        "precision.loss_scale* apply to precision.compute=\"f16\" (it is \"f32\")");
+  EXPECT_ERROR_CONTAINS(parse("", {"precision.compute=f16", "precision.loss_scale=64", "precision.loss_scale_window=10"}),
+                        "precision.loss_scale=64.0 is a static scale: the loss_scale_init/window/backoff/growth/min "
+                        "keys apply to loss_scale=\"dynamic\"");
+  EXPECT_ERROR_CONTAINS(parse("", {"precision.compute=f16", "precision.loss_scale_min=1e6"}),
+                        "precision.loss_scale_min=1000000.0 must be <= precision.loss_scale_init=65536.0");
+  EXPECT_ERROR_CONTAINS(parse("", {"precision.compute=f16", "precision.loss_scale_backoff=1"}),
+                        "precision.loss_scale_backoff must be");
+  EXPECT_ERROR_CONTAINS(parse("", {"precision.compute=f16", "precision.loss_scale_growth=1"}),
+                        "precision.loss_scale_growth must be");
   EXPECT_ERROR_CONTAINS(parse("", {"precision.loss_scale=-4"}),
                         "precision.loss_scale must be \"dynamic\" or a number > 0, got -4");
   EXPECT_ERROR_CONTAINS(parse("", {"precision.loss_scale=auto"}),
@@ -214,6 +234,7 @@ TEST(Config, ToTomlRoundTripsExactly) {
   c.parallel.bucket_mb = 25;
   c.parallel.tp = 4;
   c.parallel.sequence_parallel = true;
+  c.precision.compute = "f16";
   c.precision.loss_scale = 128;
   c.data.train = "a \"quoted\" \\ path\twith\ncontrol \x01 chars and \xc3\xa9";
   c.train.seed = 9007199254740993;  // > 2^53
@@ -234,7 +255,7 @@ TEST(Config, ItemsAndHelp) {
   for (const auto& [k, v] : items)
     if (k == "data.train") found = v == "\"\"";
   EXPECT_TRUE(found);
-  EXPECT_EQ(items.size(), 54u);
+  EXPECT_EQ(items.size(), 58u);
   std::string help = config_help();
   for (const auto& [k, v] : items) {
     std::string name = k.substr(k.find('.') + 1);

@@ -1,4 +1,8 @@
-// GELU, residual/add/scale and sum_squares.
+// GELU, residual/add/scale, sum_squares and the 16-bit storage casts.
+#include <cstring>
+
+#include "lattice/core/cpu.h"
+#include "lattice/core/dtype.h"
 #include "lattice/kernels/ops.h"
 #include "test_util.h"
 
@@ -106,6 +110,95 @@ TEST(SumSquares, MatchesDoubleAndIsThreadCountIndependent) {
   EXPECT_EQ(sum_squares(x.data(), 0), 0.0);
   // Split anywhere, the parts add up (to double rounding).
   EXPECT_NEAR(sum_squares(x.data(), 1000) + sum_squares(x.data() + 1000, n - 1000), want, 1e-12 * want);
+}
+
+
+// The 16-bit casts of mixed precision against core/dtype.h's scalar
+// converters, bit for bit, on every instruction-set level this CPU runs:
+// every 16-bit pattern loaded, and f32 values around every rounding case
+// (ties, overflow, f16 subnormals, NaN, ±0) stored and rounded.
+std::vector<float> cast_inputs() {
+  std::vector<float> x = randn(70001, 5, 4.0f);
+  uint32_t state = 12345;
+  auto next = [&] { return state = state * 1664525u + 1013904223u; };
+  for (size_t i = 0; i < 20000; i++) {  // arbitrary bit patterns: every exponent, NaNs, infinities
+    const uint32_t u = next();
+    std::memcpy(&x[i], &u, 4);
+  }
+  const float special[] = {0.0f, -0.0f, 65504.0f, 65519.0f, 65520.0f, -65520.0f, 1e-8f, -3e-6f, 6.1e-5f, 5.96e-8f,
+                           2.98e-8f, 1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 1.0f + 1.0f / 256, 3.4e38f};
+  for (size_t i = 0; i < std::size(special); i++) x[20000 + i] = special[i];
+  return x;
+}
+
+bool same_bits(float a, float b) {
+  uint32_t ua, ub;
+  std::memcpy(&ua, &a, 4), std::memcpy(&ub, &b, 4);
+  return ua == ub;
+}
+
+TEST(Cast16, MatchesTheScalarConvertersOnEveryLevel) {
+  const Isa start = active_isa();
+  const std::vector<float> x = cast_inputs();
+  for (Isa isa : runnable_isas()) {
+    set_active_isa_for_testing(isa);
+    for (DType t : {DType::BF16, DType::F16}) {
+      const std::string where = std::string(dtype_name(t)) + " on " + isa_name(isa);
+      auto scalar_store = [t](float v) { return t == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v); };
+      auto scalar_load = [t](uint16_t h) { return t == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h); };
+      // store
+      std::vector<uint16_t> h(x.size());
+      store_16bit(t, x.data(), h.data(), static_cast<int64_t>(x.size()));
+      size_t bad = 0;
+      for (size_t i = 0; i < x.size(); i++) {
+        const uint16_t want = scalar_store(x[i]);
+        const bool nan = std::isnan(x[i]);
+        // NaN: any quiet NaN of the same sign is right (payloads differ between converters).
+        const bool ok = nan ? std::isnan(scalar_load(h[i])) : h[i] == want;
+        if (!ok && bad++ < 5) ADD_FAILURE() << where << " store of " << x[i] << ": " << h[i] << " vs " << want;
+      }
+      // round = store then load
+      std::vector<float> r = x;
+      round_to(t, r.data(), static_cast<int64_t>(r.size()));
+      for (size_t i = 0; i < x.size(); i++) {
+        const float want = scalar_load(scalar_store(x[i]));
+        const bool ok = std::isnan(x[i]) ? std::isnan(r[i]) : same_bits(r[i], want);
+        if (!ok && bad++ < 10) ADD_FAILURE() << where << " round of " << x[i] << ": " << r[i] << " vs " << want;
+      }
+      // load of every pattern
+      std::vector<uint16_t> all(65536);
+      for (size_t i = 0; i < all.size(); i++) all[i] = static_cast<uint16_t>(i);
+      std::vector<float> back(all.size());
+      load_16bit(t, all.data(), back.data(), static_cast<int64_t>(all.size()));
+      for (size_t i = 0; i < all.size(); i++) {
+        const float want = scalar_load(all[i]);
+        const bool ok = std::isnan(want) ? std::isnan(back[i]) : same_bits(back[i], want);
+        if (!ok && bad++ < 15) ADD_FAILURE() << where << " load of pattern " << i << ": " << back[i];
+      }
+      EXPECT_EQ(bad, 0u) << where;
+    }
+  }
+  set_active_isa_for_testing(start);
+  // f32 is no rounding at all.
+  std::vector<float> r = x;
+  round_to(DType::F32, r.data(), static_cast<int64_t>(r.size()));
+  EXPECT_EQ(0, std::memcmp(r.data(), x.data(), x.size() * sizeof(float)));
+}
+
+TEST(Cast16, RoundingIsIdempotentAndKeepsFiniteValuesClose) {
+  std::vector<float> x = randn(10000, 9, 100.0f);
+  for (DType t : {DType::BF16, DType::F16}) {
+    std::vector<float> r = x;
+    round_to(t, r.data(), static_cast<int64_t>(r.size()));
+    std::vector<float> again = r;
+    round_to(t, again.data(), static_cast<int64_t>(again.size()));
+    EXPECT_EQ(0, std::memcmp(r.data(), again.data(), r.size() * sizeof(float))) << dtype_name(t);
+    const double rel = t == DType::BF16 ? 1.0 / 256 : 1.0 / 2048;  // half an ulp of an 8- / 11-bit significand
+    for (size_t i = 0; i < x.size(); i++) {
+      if (std::fabs(x[i]) <= 1e-3) continue;
+      ASSERT_LE(std::fabs(r[i] - x[i]), rel * std::fabs(x[i])) << dtype_name(t) << " " << x[i];
+    }
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "lattice/core/dtype.h"
 #include "lattice/core/error.h"
 #include "lattice/core/rng.h"
 #include "lattice/core/threads.h"
@@ -478,4 +479,141 @@ TEST(GPT, NextLogitsSlidesTheWindow) {
   check(ctx, 6);  // the same context twice (no new token)
 }
 
+
+// ---- mixed precision (precision.compute = bf16 | f16) ----
+
+// A model whose head runs in several chunks (kHeadRows = 128 rows at a time:
+// B·T = 256 here) with its dlogits recomputed in the backward.
+static ModelConfig mp_config() {
+  ModelConfig c = tiny_config();
+  c.seq_len = 64;
+  c.vocab_size = 301;
+  return c;
+}
+
+static double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); i++) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    num += d * d, den += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// The same weights and batch: 16-bit compute's loss and every group's
+// gradient stay within the dtype's rounding of f32's (bf16 keeps 8
+// significant bits: relative error ~2^-9 per rounding, a few percent after
+// the roundings of 2 layers; f16 keeps 11).
+TEST(MixedPrecision, LossAndGradientsTrackF32) {
+  const ModelConfig c = mp_config();
+  const int B = 4, T = 64;
+  auto in = random_tokens(B * T, c.vocab_size, 21), tg = random_tokens(B * T, c.vocab_size, 22);
+  GPT ref(c, 3);
+  const float want = ref.forward(0, in.data(), tg.data(), B, T, 1.0f);
+  ref.backward(0);
+  const auto want_g = grads_of(ref);
+  for (DType t : {DType::BF16, DType::F16}) {
+    GPT m(c, 3);
+    m.set_compute_dtype(t);
+    const float got = m.forward(0, in.data(), tg.data(), B, T, 1.0f);
+    m.backward(0);
+    EXPECT_NE(got, want) << dtype_name(t) << ": nothing was rounded";
+    EXPECT_NEAR(got, want, (t == DType::BF16 ? 5e-3 : 1e-3) * want) << dtype_name(t);
+    const auto g = grads_of(m);
+    for (size_t i = 0; i < g.size(); i++)
+      EXPECT_LE(relative_error(g[i], want_g[i]), t == DType::BF16 ? 5e-2 : 1e-2)
+          << dtype_name(t) << " group " << m.groups()[i].name();
+    // The master weights are the f32 values, untouched.
+    for (size_t i = 0; i < g.size(); i++)
+      ASSERT_EQ(0, std::memcmp(m.groups()[i].data(), ref.groups()[i].data(), 4 * m.groups()[i].numel()));
+  }
+}
+
+// The split backward reads the stored 16-bit activations and recomputes the
+// head's dlogits again in backward_weight: the same gradients, bit for bit,
+// with two micro-batches in flight sharing the one set of f32 work arrays.
+TEST(MixedPrecision, SplitBackwardEqualsFusedBitwise) {
+  const ModelConfig c = mp_config();
+  const int B = 4, T = 64;
+  auto in0 = random_tokens(B * T, c.vocab_size, 31), tg0 = random_tokens(B * T, c.vocab_size, 32);
+  auto in1 = random_tokens(B * T, c.vocab_size, 33), tg1 = random_tokens(B * T, c.vocab_size, 34);
+  for (DType t : {DType::BF16, DType::F16}) {
+    GPT fused(c, 5), split(c, 5);
+    fused.set_compute_dtype(t);
+    split.set_compute_dtype(t);
+    const float f0 = fused.forward(0, in0.data(), tg0.data(), B, T, 0.5f);
+    fused.backward(0);
+    const float f1 = fused.forward(0, in1.data(), tg1.data(), B, T, 0.5f);
+    fused.backward(0);
+    const float s0 = split.forward(0, in0.data(), tg0.data(), B, T, 0.5f);
+    const float s1 = split.forward(1, in1.data(), tg1.data(), B, T, 0.5f);
+    split.backward_input(1);
+    split.backward_input(0);
+    split.backward_weight(0);
+    split.backward_weight(1);
+    EXPECT_EQ(f0, s0);
+    EXPECT_EQ(f1, s1);
+    auto a = grads_of(fused), b = grads_of(split);
+    for (size_t g = 0; g < a.size(); g++)
+      ASSERT_EQ(0, std::memcmp(a[g].data(), b[g].data(), a[g].size() * 4)) << dtype_name(t) << " group " << g;
+  }
+}
+
+// Rows are independent: one batch of 4 sequences (two head chunks) gives the
+// mean of the losses of its sequences one at a time (one chunk each), and
+// its gradient is their accumulated gradient, to f32 reassociation.
+TEST(MixedPrecision, HeadChunksAreRowIndependent) {
+  const ModelConfig c = mp_config();
+  const int B = 4, T = 64;
+  auto in = random_tokens(B * T, c.vocab_size, 41), tg = random_tokens(B * T, c.vocab_size, 42);
+  GPT whole(c, 7), parts(c, 7);
+  whole.set_compute_dtype(DType::BF16);
+  parts.set_compute_dtype(DType::BF16);
+  const float want = whole.forward(0, in.data(), tg.data(), B, T, 1.0f);
+  whole.backward(0);
+  double sum = 0;
+  for (int b = 0; b < B; b++) {
+    sum += parts.forward(0, in.data() + b * T, tg.data() + b * T, 1, T, 1.0f / B);
+    parts.backward(0);
+  }
+  EXPECT_NEAR(sum / B, want, 1e-5 * want);
+  const auto a = grads_of(whole), g = grads_of(parts);
+  for (size_t i = 0; i < a.size(); i++) EXPECT_LE(relative_error(g[i], a[i]), 1e-4) << whole.groups()[i].name();
+  EXPECT_NEAR(whole.evaluate(in.data(), tg.data(), B, T), want, 1e-6 * want);
+}
+
+// 16-bit storage halves what a slot keeps (and the head keeps no logits);
+// the f32 work arrays are one layer's worth.
+TEST(MixedPrecision, StoredActivationsTakeHalfTheBytes) {
+  ModelConfig c = mp_config();
+  c.n_layer = 6;
+  const int B = 4, T = 64;
+  GPT f32(c, 1), bf16(c, 1);
+  bf16.set_compute_dtype(DType::BF16);
+  const double ratio = static_cast<double>(bf16.stored_activation_bytes(B, T)) / f32.stored_activation_bytes(B, T);
+  EXPECT_LE(ratio, 0.5) << "stored activations at bf16 vs f32";
+  EXPECT_GE(ratio, 0.3);
+  EXPECT_EQ(f32.work16_bytes(B, T), 0u);
+  EXPECT_LT(bf16.work16_bytes(B, T), f32.stored_activation_bytes(B, T) / c.n_layer * 1.5);
+}
+
+// The compute copies follow the master weights once told they changed (the
+// optimizer's step says so; zero_grad does too), and only then.
+TEST(MixedPrecision, ComputeCopiesFollowTheMasters) {
+  const ModelConfig c = mp_config();
+  const int B = 1, T = 64;
+  auto in = random_tokens(B * T, c.vocab_size, 51), tg = random_tokens(B * T, c.vocab_size, 52);
+  GPT a(c, 9), b(c, 10);
+  a.set_compute_dtype(DType::BF16);
+  b.set_compute_dtype(DType::BF16);
+  const float la = a.evaluate(in.data(), tg.data(), B, T);
+  const float lb = b.evaluate(in.data(), tg.data(), B, T);
+  ASSERT_NE(la, lb);
+  for (size_t g = 0; g < a.groups().size(); g++)
+    std::memcpy(a.groups()[g].data(), b.groups()[g].data(), 4 * b.groups()[g].numel());
+  EXPECT_EQ(a.evaluate(in.data(), tg.data(), B, T), la) << "the copies changed without params_changed()";
+  a.params_changed();
+  EXPECT_EQ(a.evaluate(in.data(), tg.data(), B, T), lb);
+  EXPECT_THROW(a.decode(in.data(), 1), Error) << "generation runs at f32";
+}
 }  // namespace

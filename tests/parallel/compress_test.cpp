@@ -16,6 +16,7 @@
 
 #include "../io/test_util.h"
 #include "equivalence.h"
+#include "lattice/comm/process_mesh.h"
 #include "lattice/core/threads.h"
 #include "lattice/parallel/compress/gradient_reducer.h"
 #include "lattice/parallel/data/comm_stream.h"
@@ -164,13 +165,7 @@ TEST(GradientReducer, WarmUpStepsAreUncompressed) {
 // ---- through the trainer ----
 
 io::RunConfig dp_run(const std::string& codec, int zero) {
-  io::RunConfig c = mpitest::parity_recipe();
-  c.parallel.dp = world().size();
-  c.parallel.zero_stage = zero;
-  c.train.micro_batch_size = 2;
-  c.train.grad_accum_steps = 2;
-  c.compression.grad = codec;
-  return c;
+  return mpitest::compressed_run(codec, zero, world().size());
 }
 
 // Every ZeRO stage trains with compressed gradients: the replicas stay
@@ -240,6 +235,35 @@ TEST(CompressedTraining, WithTensorParallelism) {
     for (const train::HfTensor& p : got.params)
       ASSERT_EQ(first_differing_rank(world(), p.data), -1) << p.name << " differs on that rank";
   }
+}
+
+// Under tensor parallelism a block of a codec can hold parameters that are
+// whole on every TP rank (LayerNorms, row-parallel biases, wpe) beside
+// slices of the others: whatever each data-parallel group compresses, the
+// replicated parameters must stay identical over the TP group, or the model
+// would stop being one model.
+TEST(CompressedTraining, ReplicatedParametersStayIdenticalOverTheTensorParallelGroup) {
+  if (world().size() != 4) GTEST_SKIP() << "dp2 x tp2 needs 4 ranks";
+  for (const char* codec : {"int8", "onebit", "topk", "powersgd"})
+    for (int zero : {0, 1}) {
+      io::RunConfig c = dp_run(codec, zero);
+      c.parallel.dp = 2;
+      c.parallel.tp = 2;
+      c.parallel.sequence_parallel = true;
+      train::TrainerOptions o;
+      o.print = false;
+      o.ranks = &world();
+      train::Trainer t(c, o);
+      for (int s = 0; s < 4; s++) t.train_step();
+      for (const model::ParamGroup& g : t.model().groups())
+        for (size_t i = 0; i < g.params().size(); i++) {
+          const model::ParamInfo& p = g.params()[i];
+          if (p.shard.split_dim >= 0) continue;
+          const float* v = const_cast<model::ParamGroup&>(g).data() + p.offset;
+          ASSERT_EQ(first_differing_rank(t.mesh().tp(), std::vector<float>(v, v + p.numel())), -1)
+              << codec << " ZeRO-" << zero << ": " << p.name << " differs between the TP ranks";
+        }
+    }
 }
 
 // The padding of a bucket is not a gradient: a codec that decodes every

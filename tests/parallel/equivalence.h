@@ -46,6 +46,18 @@ inline io::RunConfig parity_recipe() {
   return c;
 }
 
+// The gradient-compression tests' run: the parity recipe over `dp` replicas
+// at ZeRO `zero`, two micro-batches of 2 a step, gradients reduced with `codec`.
+inline io::RunConfig compressed_run(const std::string& codec, int zero, int dp) {
+  io::RunConfig c = parity_recipe();
+  c.parallel.dp = dp;
+  c.parallel.zero_stage = zero;
+  c.train.micro_batch_size = 2;
+  c.train.grad_accum_steps = 2;
+  c.compression.grad = codec;
+  return c;
+}
+
 struct RunResult {
   std::vector<double> losses, norms;
   std::vector<train::HfTensor> params;  // full tensors, HF layout and names

@@ -63,10 +63,12 @@ static int bench_train(const std::vector<std::string>& args) {
   std::vector<double> ms;
   double comm_ms = 0, hidden = 0, tp_ms = 0, bubble = 0, bubble_sim = 0;
   uint64_t comm_bytes = 0, tp_bytes = 0;
+  double loss_last = 0;
   Timer total;
   for (long long i = 0; i < steps; i++) {
     const train::StepStats st = trainer.train_step();
     ms.push_back(st.step_ms);
+    loss_last = st.loss;
     comm_ms += st.comm_ms, hidden += st.comm_hidden, comm_bytes += st.comm_bytes;
     tp_ms += st.tp_comm_ms, tp_bytes += st.tp_comm_bytes;
     bubble += st.pp_bubble, bubble_sim += st.pp_bubble_simulated;
@@ -95,7 +97,7 @@ static int bench_train(const std::vector<std::string>& args) {
         "\"optimizer_bytes\":%zu,\"activations_bytes\":%zu,\"model_state_bytes\":%.0f,\"dp\":%d,\"tp\":%d,"
         "\"sequence_parallel\":%s,\"tp_comm_ms\":%.3f,\"tp_comm_bytes_per_step\":%.0f,"
         "\"stored_activation_bytes\":%zu,\"pp\":%d,\"schedule\":%s,\"micro_batches\":%d,\"pp_bubble\":%.4f,"
-        "\"pp_bubble_simulated\":%.4f,\"cpu\":%s,\"isa\":\"%s\"}\n",
+        "\"pp_bubble_simulated\":%.4f,\"compute\":\"%s\",\"loss_last\":%.6f,\"cpu\":%s,\"isa\":\"%s\"}\n",
         mc.n_layer, mc.n_head, mc.n_embd, mc.vocab_size, cfg.train.micro_batch_size, cfg.model.seq_len,
         num_threads(), ranks, cfg.parallel.zero_stage, cfg.zero.offload.c_str(), steps, tok_s, 1e3 * seconds / steps,
         ms[ms.size() / 2], flops, mfu, trainer.machine_peak().fp32_gflops_per_core, comm_ms / steps, hidden / steps,
@@ -105,7 +107,7 @@ static int bench_train(const std::vector<std::string>& args) {
         static_cast<double>(tp_bytes) / steps,
         trainer.model().stored_activation_bytes(cfg.train.micro_batch_size, cfg.model.seq_len), cfg.parallel.pp,
         io::json_quote(cfg.parallel.schedule).c_str(), trainer.micro_batches(), bubble / steps, bubble_sim / steps,
-        io::json_quote(cpu_info().model).c_str(), isa_name(active_isa()));
+        cfg.precision.compute.c_str(), loss_last, io::json_quote(cpu_info().model).c_str(), isa_name(active_isa()));
   } else {
     std::printf("model L=%d C=%d H=%d V=%d, batch %d x %d x %d micro-batches x %d dp ranks, %d threads per rank, "
                 "%lld steps\n",

@@ -47,6 +47,13 @@ inline float bf16_to_f32(uint16_t h) {
 uint16_t f32_to_f16(float x);
 float f16_to_f32(uint16_t h);
 
+// x rounded to t and back (t = F32, F64: x itself), as kernels::round_to does in bulk.
+inline float round_to_dtype(float x, DType t) {
+  if (t == DType::BF16) return bf16_to_f32(f32_to_bf16(x));
+  if (t == DType::F16) return f16_to_f32(f32_to_f16(x));
+  return x;
+}
+
 // Bulk conversions between buffers of the given dtypes (same element count).
 void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t n);
 

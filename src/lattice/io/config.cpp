@@ -39,6 +39,7 @@ Constraint above(double lo) { return {lo, Constraint().hi, true, false, {}}; }
 Constraint closed(double lo, double hi) { return {lo, hi, false, false, {}}; }
 Constraint closed_open(double lo, double hi) { return {lo, hi, false, true, {}}; }
 Constraint open_closed(double lo, double hi) { return {lo, hi, true, false, {}}; }
+Constraint open_open(double lo, double hi) { return {lo, hi, true, true, {}}; }
 Constraint one_of(std::vector<const char*> choices) {
   Constraint c;
   c.choices = std::move(choices);
@@ -181,16 +182,26 @@ const std::vector<Key>& keys() {
         key<&R::precision, &PrecisionSection::loss_scale_init>("precision", "loss_scale_init", above(0),
                                                                "initial dynamic loss scale"),
         key<&R::precision, &PrecisionSection::loss_scale_window>(
-            "precision", "loss_scale_window", at_least(1), "overflow-free steps before the dynamic scale doubles"),
+            "precision", "loss_scale_window", at_least(1), "overflow-free steps before the dynamic scale grows"),
+        key<&R::precision, &PrecisionSection::loss_scale_backoff>(
+            "precision", "loss_scale_backoff", open_open(0, 1), "factor on the dynamic scale after an overflow"),
+        key<&R::precision, &PrecisionSection::loss_scale_growth>(
+            "precision", "loss_scale_growth", above(1), "factor on the dynamic scale after loss_scale_window clean steps"),
+        key<&R::precision, &PrecisionSection::loss_scale_min>("precision", "loss_scale_min", above(0),
+                                                              "the dynamic scale never backs off below this"),
 
         key<&R::compression, &CompressionSection::grad>(
-            "compression", "grad", one_of({"none", "bf16", "f16", "int8", "onebit", "topk"}),
+            "compression", "grad", one_of({"none", "bf16", "f16", "int8", "onebit", "topk", "powersgd"}),
             "codec of the data-parallel gradient reduction: 16-bit floats, int8 with a scale per 256, "
-            "signs with a scale per 256 (onebit), or the largest values with their indices (topk)"),
+            "signs with a scale per 256 (onebit), the largest values with their indices (topk), or each "
+            "weight matrix as a rank-r product (powersgd)"),
         key<&R::compression, &CompressionSection::error_feedback>(
             "compression", "error_feedback", any(), "carry each step's compression error into the next step"),
         key<&R::compression, &CompressionSection::topk_ratio>("compression", "topk_ratio", open_closed(0, 1),
                                                               "fraction of gradient entries kept by topk"),
+        key<&R::compression, &CompressionSection::rank>(
+            "compression", "rank", at_least(1),
+            "PowerSGD's rank r: each weight matrix's gradient is sent as two factors of r columns"),
         key<&R::compression, &CompressionSection::warmup_steps>(
             "compression", "warmup_steps", at_least(0), "steps reduced uncompressed before compression starts"),
 
@@ -603,10 +614,6 @@ const std::vector<std::pair<const char*, const char*>>& pending_keys() {
       {"parallel.microbatches",
        "=the micro-batches of a step (the pipeline's too) are train.grad_accum_steps, one knob rather than two: "
        "set train.grad_accum_steps instead and leave parallel.microbatches at 1"},
-      {"precision.compute", "mixed precision (compute in bf16/f16)"},
-      {"precision.loss_scale", "loss scaling (it comes with f16 compute)"},
-      {"precision.loss_scale_init", "loss scaling (it comes with f16 compute)"},
-      {"precision.loss_scale_window", "loss scaling (it comes with f16 compute)"},
   };
   return pending;
 }
@@ -666,10 +673,33 @@ void check_cross_keys(const RunConfig& cfg) {
                                                                     "parallel.pp > 1, or leave it empty");
   }
   {
+    const PrecisionSection& pr = cfg.precision;
+    PrecisionSection scaler = pr, defaults;
+    scaler.compute = defaults.compute;
+    LATTICE_CHECK(pr.compute == "f16" || scaler == defaults,
+                  "precision.loss_scale* apply to precision.compute=\"f16\" (it is \"" << pr.compute << "\"): "
+                      << (pr.compute == "bf16" ? "bf16 has f32's exponent range and needs no loss scale"
+                                               : "f32 needs no loss scale"));
+    LATTICE_CHECK(pr.loss_scale_min <= pr.loss_scale_init || !pr.dynamic_loss_scale(),
+                  "precision.loss_scale_min=" << format_double(pr.loss_scale_min)
+                                              << " must be <= precision.loss_scale_init="
+                                              << format_double(pr.loss_scale_init));
+    LATTICE_CHECK(pr.dynamic_loss_scale() || (pr.loss_scale_init == defaults.loss_scale_init &&
+                                              pr.loss_scale_window == defaults.loss_scale_window &&
+                                              pr.loss_scale_backoff == defaults.loss_scale_backoff &&
+                                              pr.loss_scale_growth == defaults.loss_scale_growth &&
+                                              pr.loss_scale_min == defaults.loss_scale_min),
+                  "precision.loss_scale=" << format_double(pr.loss_scale)
+                                          << " is a static scale: the loss_scale_init/window/backoff/growth/min "
+                                             "keys apply to loss_scale=\"dynamic\"");
+  }
+  {
     const CompressionSection& c = cfg.compression;
     const CompressionSection defaults;
     LATTICE_CHECK(c.topk_ratio == defaults.topk_ratio || c.grad == "topk",
                   "compression.topk_ratio applies to compression.grad=\"topk\" (it is \"" << c.grad << "\")");
+    LATTICE_CHECK(c.rank == defaults.rank || c.grad == "powersgd",
+                  "compression.rank applies to compression.grad=\"powersgd\" (it is \"" << c.grad << "\")");
     LATTICE_CHECK((c.error_feedback == defaults.error_feedback && c.warmup_steps == defaults.warmup_steps) ||
                       c.grad != "none",
                   "compression.error_feedback and compression.warmup_steps apply to a compression.grad codec "

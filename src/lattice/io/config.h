@@ -95,14 +95,18 @@ struct PrecisionSection {
   double loss_scale = 0;
   double loss_scale_init = 65536;
   int loss_scale_window = 1000;
+  double loss_scale_backoff = 0.5;
+  double loss_scale_growth = 2.0;
+  double loss_scale_min = 1.0;
   bool dynamic_loss_scale() const { return loss_scale == 0; }
   bool operator==(const PrecisionSection&) const = default;
 };
 
 struct CompressionSection {
-  std::string grad = "none";  // none | bf16 | f16 | int8 | onebit | topk
+  std::string grad = "none";  // none | bf16 | f16 | int8 | onebit | topk | powersgd
   bool error_feedback = true;
   double topk_ratio = 0.01;
+  int64_t rank = 4;  // powersgd: the rank of each matrix's approximation
   int64_t warmup_steps = 0;  // uncompressed steps first
   bool operator==(const CompressionSection&) const = default;
 };

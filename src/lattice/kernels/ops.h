@@ -56,6 +56,49 @@ void set_bf16_gemm_path(bool primitive, double measured_speedup);
 // "f32 dnnl_sgemm, bf16 dnnl_matmul_bf16 (oneDNN's bf16 matmul ran 1.93x ...); oneDNN ISA avx512_core_bf16"
 std::string describe_gemm_paths();
 
+// ---- bf16 GEMM operands (mixed precision) ------------------------------------
+// Inside a Bf16GemmScope on the calling thread, every f32 gemm (and so
+// linear_*) multiplies its A and B rounded to bf16, on the bf16 path
+// gemm_paths() chose by measurement: oneDNN's bf16 matmul where it is faster
+// (2x f32 on a Zen 5), else the widened-block sgemm — the same bf16 products
+// summed in f32 either way, only the order differs. Operands that hold
+// bf16 values already (precision.compute = bf16's weights and activations)
+// are exact; gradients are rounded. Operands inside a range registered as a
+// GemmConstant (the weights' compute copies) are converted once per
+// registration and reused; others are converted on every call into this
+// thread's workspace. The attention kernel's own products are not affected.
+class Bf16GemmScope {
+ public:
+  Bf16GemmScope();
+  ~Bf16GemmScope();
+  Bf16GemmScope(const Bf16GemmScope&) = delete;
+  Bf16GemmScope& operator=(const Bf16GemmScope&) = delete;
+
+ private:
+  bool previous_;
+};
+bool bf16_gemm_scope_active();
+
+// A range of f32 values that stays unchanged until it is registered again or
+// reset (movable, not copyable; the registration ends with the object).
+class GemmConstant {
+ public:
+  GemmConstant() = default;
+  GemmConstant(GemmConstant&& o) noexcept : begin_(o.begin_) { o.begin_ = nullptr; }
+  GemmConstant& operator=(GemmConstant&& o) noexcept;
+  GemmConstant(const GemmConstant&) = delete;
+  GemmConstant& operator=(const GemmConstant&) = delete;
+  ~GemmConstant() { reset(); }
+  // [begin, begin + n) holds new values (an earlier registration of this object ends).
+  void set(const float* begin, int64_t n);
+  void reset();
+
+ private:
+  const float* begin_ = nullptr;
+};
+// Bytes of bf16 copies the registered constants hold (MemCategory::Workspace).
+size_t gemm_constant_bytes();
+
 // ---- Embedding --------------------------------------------------------------
 // out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :]
 // A negative token is a row this table does not hold (the vocabulary-parallel
@@ -102,6 +145,19 @@ void add_inplace(float* a, const float* b, int64_t n);                         /
 void scale_inplace(float* a, float s, int64_t n);                               // a *= s
 // Σ x², accumulated in double so the global grad norm is independent of chunking.
 double sum_squares(const float* x, int64_t n);
+
+// ---- 16-bit storage (mixed precision) ---------------------------------------------
+// precision.compute = bf16 | f16 keeps activations and the compute copies of
+// the weights at 16-bit precision while the arithmetic runs in f32 (this
+// CPU's kernels read f32; docs/precision.md). All three convert exactly as
+// core/dtype.h's scalar converters: round to nearest even, overflow to ±inf,
+// f16 subnormals kept, NaN stays a (quiet) NaN.
+// x ← f32(t(x)) in place: the value a kernel storing t would leave (t = F32: nothing).
+void round_to(DType t, float* x, int64_t n);
+// dst (n values of t, bf16 or f16) ← t(x)
+void store_16bit(DType t, const float* x, void* dst, int64_t n);
+// x ← f32(src) (exact)
+void load_16bit(DType t, const void* src, float* x, int64_t n);
 
 // ---- Causal self-attention -----------------------------------------------------
 // For each batch b and head h, with scale = 1/sqrt(hs):

@@ -50,6 +50,8 @@ namespace lattice::model {
 
 struct Slot;         // one micro-batch's activations (gpt.cpp)
 struct CarveSizes;   // the sizes its buffers are carved with (gpt.cpp)
+struct LayerActs;    // one layer's stored activations (gpt.cpp)
+struct Work16;       // the f32 arrays of 16-bit activation storage (gpt.cpp)
 struct DecodeState;  // the key/value cache of decode() (gpt.cpp)
 
 // What the model tells the parallel layers about its parameter groups as it
@@ -223,7 +225,7 @@ class GPT {
   // Installs (or, with nullptr, removes) the hooks; not owned.
   void set_hooks(GroupHooks* hooks) { hooks_ = hooks; }
   // Replaces (nullptr: restores) the model's own embedding operations; not owned.
-  void set_tied_embedding(TiedEmbedding* embedding) { custom_embedding_ = embedding; }
+  void set_tied_embedding(TiedEmbedding* embedding);
   GroupHooks* hooks() const { return hooks_; }
   size_t embedding_index() const { return 0; }
   size_t block_index(int layer) const {
@@ -234,6 +236,24 @@ class GPT {
   // Marks every gradient stale (no memset): the next backward overwrites each
   // gradient on its first write and accumulates after (see ParamGroup::zero_grad).
   void zero_grad();
+
+  // Mixed precision (precision.compute; docs/precision.md). At bf16 or f16
+  // the model computes with its parameters rounded to that dtype (each
+  // group's compute copy; the f32 values stay the master weights) and keeps
+  // every activation it stores for the backward in 16 bits: each is rounded
+  // where it is produced and stored at 2 bytes a value, the LayerNorm and
+  // softmax statistics and the loss in f32. A layer computes in f32 work
+  // arrays (one layer's worth, shared by the slots), the GEMMs and every
+  // reduction accumulate in f32, and gradients (of parameters and of
+  // activations) are f32. Set before the first forward (slots are carved
+  // again); generation (last_logits, decode) runs at f32 only.
+  void set_compute_dtype(DType t);
+  DType compute_dtype() const { return compute_; }
+  // The master weights changed (optimizer step, load): every group makes its
+  // compute copy again on its next use. No-op at f32.
+  void params_changed();
+  // Bytes of the 16-bit path's f32 work arrays for a B×T micro-batch (0 at f32).
+  size_t work16_bytes(int B, int T) const;
   int64_t num_params() const { return config_.num_params(); }
   // Bytes of activation memory one micro-batch slot of B×T tokens takes.
   size_t slot_bytes(int B, int T) const;
@@ -260,9 +280,24 @@ class GPT {
   // Under TP: rows kept between the parallel regions, and the first of them.
   int64_t rows(int64_t N) const;
   int64_t first_row(int64_t N) const;
-  // Cross-entropy of the head's logits into s.losses (dlogits in place with `backward`).
-  void loss(Slot& s, const int32_t* targets, bool backward, float dloss);
+  // Cross-entropy of N rows of logits into losses (dlogits in place with `backward`).
+  void loss(float* logits, float* losses, const int32_t* targets, int64_t N, bool backward, float dloss);
+  void head_and_loss(Slot& s, const int32_t* targets, bool backward, float dloss);
+  template <typename Fn>
+  void for_dlogits(Slot& s, Fn fn);
   void check_one_process(const char* what) const;
+  void check_f32(const char* what) const;
+  CarveSizes sizes_for(int64_t N) const;
+  int64_t head_rows(int64_t N) const;
+  bool local_head() const;  // the head's operations do not communicate (see kHeadRows)
+  size_t token_arrays() const;
+  // 16-bit storage: the f32 views of a slot's activations (see gpt.cpp).
+  float* x_buf(Slot& s, int i);
+  void keep_x(Slot& s, int i);
+  const LayerActs& work_layer(Slot& s, int l);
+  const LayerActs& layer_acts(Slot& s, int l);
+  const float* x_of(Slot& s, int i);
+  const float* lnf_of(Slot& s);
   CarveSizes grad_sizes(const Slot& s, bool capacity = false) const;
   // Sums partial LayerNorm weight gradients over the TP group (sequence
   // parallelism: each rank saw its rows only), then stores them in g.
@@ -301,6 +336,8 @@ class GPT {
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<Slot> eval_slot_;
   std::unique_ptr<DecodeState> decode_;
+  DType compute_ = DType::F32;
+  std::unique_ptr<Work16> work16_;
   GroupHooks* hooks_ = nullptr;
   std::unique_ptr<TiedEmbedding> own_embedding_;
   TiedEmbedding* custom_embedding_ = nullptr;

@@ -5,6 +5,7 @@
 
 #include "lattice/core/error.h"
 #include "lattice/core/rng.h"
+#include "lattice/kernels/ops.h"
 
 namespace lattice::model {
 
@@ -101,7 +102,37 @@ void ParamGroup::set_capacity(int64_t capacity) {
   capacity_ = capacity;
 }
 
+void ParamGroup::set_compute_dtype(DType t) {
+  LATTICE_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16,
+                "precision.compute is f32, bf16 or f16, not " << dtype_name(t));
+  compute_dtype_ = t;
+  compute_fresh_ = false;
+  gemm_constant_.reset();
+  if (t == DType::F32) compute_.reset();
+}
+
+float* ParamGroup::compute_data() {
+  float* masters = checked_data();
+  if (compute_dtype_ == DType::F32) return masters;
+  const bool own = masters == data_.as<float>();
+  float* out = own ? compute_.as<float>() : masters;
+  if (own && compute_.bytes() < static_cast<size_t>(capacity_) * sizeof(float)) {
+    gemm_constant_.reset();
+    compute_ = Buffer(static_cast<size_t>(capacity_) * sizeof(float), MemCategory::Params);
+    out = compute_.as<float>();
+    compute_fresh_ = false;
+  }
+  if (!compute_fresh_) {
+    if (own) std::memcpy(out, masters, static_cast<size_t>(capacity_) * sizeof(float));
+    kernels::round_to(compute_dtype_, out, capacity_);
+    if (compute_dtype_ == DType::BF16) gemm_constant_.set(out, capacity_);
+    compute_fresh_ = true;
+  }
+  return out;
+}
+
 void ParamGroup::release_own_params() {
+  gemm_constant_.reset();
   if (data_ptr_ == data_.as<float>()) data_ptr_ = nullptr;
   data_.reset();
 }

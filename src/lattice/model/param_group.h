@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "lattice/core/dtype.h"
 #include "lattice/core/memory.h"
+#include "lattice/kernels/ops.h"
 
 namespace lattice::model {
 
@@ -104,7 +106,11 @@ class ParamGroup {
   // capacity() floats and is not owned.
   void release_own_params();
   void release_own_grads();
-  void attach_params(float* memory) { data_ptr_ = memory; }
+  void attach_params(float* memory) {
+    data_ptr_ = memory;
+    compute_fresh_ = false;
+    gemm_constant_.reset();
+  }
   void attach_grads(float* memory) { grad_ptr_ = memory; }
   bool has_params() const { return data_ptr_ != nullptr; }
   bool has_grads() const { return grad_ptr_ != nullptr; }
@@ -122,6 +128,24 @@ class ParamGroup {
   }
   // The gradient buffer whatever its contents (for reductions; checked to exist).
   float* grad_storage();
+
+  // Mixed precision (precision.compute). The model computes with
+  // compute_param(i): at f32 the parameter itself; at bf16/f16 its value
+  // rounded to that dtype (kernels::round_to), while data() keeps the f32
+  // master weights that the optimizer updates, ZeRO shards and checkpoints
+  // save. The rounded copy is made on the first read after the masters
+  // change: params_changed() (the optimizer's step, a load) says they did.
+  // Own parameters get a copy of their own (capacity() floats; f32 storage
+  // holding 16-bit values, as this CPU's kernels read f32); attached memory
+  // is a gathered copy of masters kept elsewhere (ZeRO-3) and is rounded in
+  // place, once per attach_params(). At bf16 the copy is also registered as
+  // a constant GEMM operand (kernels::GemmConstant): the bf16 GEMMs convert
+  // it once per refresh, not on every product.
+  void set_compute_dtype(DType t);
+  DType compute_dtype() const { return compute_dtype_; }
+  void params_changed() { compute_fresh_ = false; }
+  float* compute_data();
+  float* compute_param(size_t i) { return compute_data() + params_[i].offset; }
 
   // zero_grad() does not touch memory: it marks every gradient stale. The
   // first backward kernel to produce parameter i's gradient after it calls
@@ -155,6 +179,12 @@ class ParamGroup {
   Buffer data_;
   Buffer grad_;
   float* data_ptr_ = nullptr;  // data_ or attached memory
+  DType compute_dtype_ = DType::F32;
+  Buffer compute_;             // own parameters rounded to compute_dtype_
+  bool compute_fresh_ = false;
+  // bf16: the compute copy as a constant operand of bf16 GEMMs (kernels::Bf16GemmScope),
+  // converted once per refresh. Declared after the buffers it names: it ends first.
+  kernels::GemmConstant gemm_constant_;
   float* grad_ptr_ = nullptr;  // grad_ or attached memory
 };
 

@@ -34,6 +34,7 @@ struct AdamWSegment {
   int64_t n = 0;
   int64_t state_offset = 0;
   bool decay = false;
+  bool replicated = false;  // a parameter whole on every rank of a tensor-parallel group (ShardSpec split_dim < 0)
 };
 
 class AdamW {

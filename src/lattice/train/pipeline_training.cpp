@@ -125,6 +125,7 @@ void Trainer::build_pipeline(uint64_t seed) {
     const model::StageLayers layers{pp.cut[s].first, pp.cut[s].last};
     pp.models.push_back(draw ? std::make_unique<model::GPT>(model_config_, seed, tp_.get(), layers)
                              : std::make_unique<model::GPT>(model_config_, model::GPT::NoInit{}, tp_.get(), layers));
+    pp.models.back()->set_compute_dtype(compute_);
     pp.model_stage.push_back(s);
     mine.push_back(pp.models.back().get());
   }
@@ -176,6 +177,7 @@ double Trainer::pipeline_step(float lr, double* norm_out) {
   const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
   for (auto& m : pp.models) m->zero_grad();
   pp.optimizer->begin_step(step_);
+  pp.executor->set_loss_scale(loss_grad_factor());
   double loss = pp.executor->run_step(next_batches(*train_data_), B, T);
   // Data parallelism over pipelines: each replica ran its share of the
   // global batch. Every stage's gradients are on their way to the other
@@ -185,6 +187,9 @@ double Trainer::pipeline_step(float lr, double* norm_out) {
   const int replicas = mesh_->dp().size();
   for (size_t j = 0; j < pp.models.size(); j++) pp.optimizer->reduce(j, true);
   pp.optimizer->finish_reductions();
+  if (tp_ && pp.optimizer->reducer().compressing() &&
+      parallel::codec_mixes_values(pp.optimizer->reducer().options().spec.codec))
+    parallel::average_replicated_grads(pp.optimizer->optimizer(), mesh_->tp());
   if (replicas > 1) loss = pp.optimizer->sum_over_ranks(loss) / replicas;
   // Over the pipeline: each stage's parameters, the tied embedding once,
   // TP-replicated parameters on TP rank 0 (pipeline::counts_in_norm).
@@ -193,11 +198,14 @@ double Trainer::pipeline_step(float lr, double* norm_out) {
   });
   mesh_->pp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
   if (tp_) mesh_->tp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
-  const double norm = std::sqrt(sum_squares) / replicas;
-  check_finite(loss, norm);
-  const float scale =
-      optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) / static_cast<float>(replicas);
-  pp.optimizer->step(lr, scale);
+  const double loss_scale = scaler_.scale();
+  const double norm = std::sqrt(sum_squares) / replicas / loss_scale;
+  if (apply_update(loss, norm)) {
+    const double scale =
+        optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) / (replicas * loss_scale);
+    pp.optimizer->step(lr, static_cast<float>(scale));
+    params_changed();
+  }
   // The measured bubble beside the simulator's, fed this step's mean cost of
   // each kind of action on each stage (a full B counted as equal I and W halves).
   const auto timelines = pp.executor->gather_timelines();

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "lattice/comm/process_mesh.h"
 #include "lattice/parallel/tensor/tensor_parallel.h"
@@ -87,6 +88,18 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   io::validate_config(config_);
   io::check_landed(config_);
   model_config_.validate();
+  compute_ = parse_dtype(config_.precision.compute);
+  if (compute_ == DType::F16) {
+    const io::PrecisionSection& pr = config_.precision;
+    LossScalerConfig sc;
+    sc.dynamic = pr.dynamic_loss_scale();
+    sc.scale = sc.dynamic ? pr.loss_scale_init : pr.loss_scale;
+    sc.backoff = pr.loss_scale_backoff;
+    sc.growth = pr.loss_scale_growth;
+    sc.window = pr.loss_scale_window;
+    sc.min_scale = std::min(pr.loss_scale_min, sc.scale);
+    scaler_ = LossScaler(sc);
+  }
   const auto& p = config_.parallel;
   // The mesh first: sizes whose product is not the number of ranks started
   // are refused on every rank with one message naming the keys. Then every
@@ -147,6 +160,7 @@ void Trainer::build_replicas(uint64_t seed) {
   const auto& p = config_.parallel;
   if (p.tp > 1) tp_ = std::make_unique<tensor::TensorParallel>(mesh_->tp(), p.sequence_parallel);
   model_ = std::make_unique<model::GPT>(model_config_, model::GPT::Unallocated{}, tp_.get());
+  model_->set_compute_dtype(compute_);
   parallel::DataParallelOptions dpo;
   dpo.zero_stage = p.zero_stage;
   dpo.bucket_bytes = p.bucket_mb * 1024.0 * 1024.0;
@@ -264,10 +278,42 @@ void Trainer::check_finite(double loss, double norm) const {
                                 : ""));
 }
 
+float Trainer::loss_grad_factor() const {
+  if (options_.poison_step == step_ && options_.poison_rank == mesh_->world_rank())
+    return std::numeric_limits<float>::infinity();
+  return static_cast<float>(scaler_.scale());
+}
+
+bool Trainer::apply_update(double loss, double norm) {
+  if (compute_ != DType::F16) {
+    check_finite(loss, norm);
+    return true;
+  }
+  // One flag for the whole job: every rank skips, or none does.
+  float bad = std::isfinite(norm) ? 0.0f : 1.0f;
+  if (mesh_->world().size() > 1) mesh_->world().all_reduce(&bad, 1, DType::F32, comm::ReduceOp::Max);
+  const double scale = scaler_.scale();
+  const bool apply = scaler_.update(bad == 0.0f);
+  if (!apply && is_root_ && options_.print) {
+    std::printf("lattice: step %lld: gradients overflowed at loss scale %g on some rank; the step is skipped "
+                "everywhere (%lld skipped so far), loss scale now %g\n",
+                static_cast<long long>(step_ + 1), scale, static_cast<long long>(scaler_.skipped()), scaler_.scale());
+    std::fflush(stdout);
+  }
+  return apply;
+}
+
+void Trainer::params_changed() {
+  if (model_) model_->params_changed();
+  if (pipe_)
+    for (auto& m : pipe_->models) m->params_changed();
+}
+
 parallel::CompressionOptions Trainer::compression_options() const {
   parallel::CompressionOptions c;
   c.spec.codec = parallel::grad_codec_from_name(config_.compression.grad);
   c.spec.topk_ratio = config_.compression.topk_ratio;
+  c.spec.powersgd_rank = config_.compression.rank;
   c.error_feedback = config_.compression.error_feedback;
   c.warmup_steps = config_.compression.warmup_steps;
   return c;
@@ -279,6 +325,7 @@ StepStats Trainer::train_step() {
 
 StepStats Trainer::train_step_unguarded() {
   Timer timer;
+  const double step_scale = scaler_.scale();
   const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
   double loss = 0, norm = 0;
   float lr = optim::lr_at(step_, config_.train.steps, config_.optim.warmup_steps,
@@ -297,7 +344,7 @@ StepStats Trainer::train_step_unguarded() {
     for (int m = 0; m < micro; m++) {
       dp_->begin_micro_batch(m == micro - 1);
       train_data_->next(inputs_.data(), targets_.data());
-      loss_sum += model_->forward(0, inputs_.data(), targets_.data(), B, T, 1.0f / static_cast<float>(micro));
+      loss_sum += model_->forward(0, inputs_.data(), targets_.data(), B, T, loss_grad_factor() / static_cast<float>(micro));
       if (options_.split_backward) {
         model_->backward_input(0);
         model_->backward_weight(0);
@@ -306,6 +353,8 @@ StepStats Trainer::train_step_unguarded() {
       }
     }
     dp_->finish_gradients();
+    if (tp_ && dp_->reducer().compressing() && parallel::codec_mixes_values(dp_->reducer().options().spec.codec))
+      parallel::average_replicated_grads(dp_->optimizer(), mesh_->tp());
     // The gradients now hold the sum over ranks of each rank's mean over its
     // micro-batches: 1/ranks makes it the mean over the global batch. (Every
     // rank of a TP group has the whole loss: the vocabulary-parallel loss is
@@ -313,10 +362,14 @@ StepStats Trainer::train_step_unguarded() {
     loss = dp_->sum_over_ranks(loss_sum) / (static_cast<double>(micro) * ranks);
     double sum_squares = dp_->grad_sum_squares();
     if (tp_) mesh_->tp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
-    norm = std::sqrt(sum_squares) / ranks;
-    check_finite(loss, norm);
-    dp_->optimizer_step(lr, optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) /
-                                static_cast<float>(ranks));
+    // The norm of the mean gradient, the loss scale taken out.
+    const double scale = scaler_.scale();
+    norm = std::sqrt(sum_squares) / ranks / scale;
+    if (apply_update(loss, norm)) {
+      dp_->optimizer_step(lr, static_cast<float>(optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) /
+                                                 (static_cast<double>(ranks) * scale)));
+      params_changed();
+    }
   }
   step_++;
   const double tokens = static_cast<double>(io::global_batch_size(config_)) * T;
@@ -327,6 +380,8 @@ StepStats Trainer::train_step_unguarded() {
   s.loss = loss;
   s.lr = lr;
   s.grad_norm = norm;
+  s.skipped = scaler_.last_skipped();
+  s.loss_scale = step_scale;
   s.step_ms = timer.millis();
   s.tokens_per_sec = tokens / (s.step_ms / 1e3);
   // Model FLOPs of the whole job over the peak of every rank's threads.
@@ -417,6 +472,13 @@ void Trainer::print_header() const {
                 cpus_, node_cores(), node_cores() - local_ranks_ * cpus_);
   }
   if (dp_) std::printf("lattice: %s\n", dp_->describe().c_str());
+  if (compute_ == DType::BF16)
+    std::printf("lattice: precision: bf16 compute (weights and stored activations rounded to bf16, f32 master "
+                "weights, Adam moments, gradients and accumulation); no loss scale: bf16 has f32's exponent range\n");
+  else if (compute_ == DType::F16)
+    std::printf("lattice: precision: f16 compute (weights and stored activations rounded to f16, f32 master "
+                "weights, Adam moments, gradients and accumulation); %s\n",
+                scaler_.describe().c_str());
   if (pipe_) std::printf("lattice: %s\n", describe_pipeline().c_str());
   if (tp_) {
     const model::GPT& any = pipe_ ? const_cast<Trainer*>(this)->model() : *model_;
@@ -456,13 +518,16 @@ void Trainer::print_step(const StepStats& s) const {
   if (s.pp_bubble >= 0)
     std::snprintf(bubble, sizeof bubble, " | bubble %.0f%% (simulated %.0f%%)", 100.0 * s.pp_bubble,
                   100.0 * s.pp_bubble_simulated);
+  char scale[80] = "";
+  if (compute_ == DType::F16)
+    std::snprintf(scale, sizeof scale, " | scale %g%s", s.loss_scale, s.skipped ? " (overflow: skipped)" : "");
   char tp[64] = "";
   if (tp_)
     std::snprintf(tp, sizeof tp, " | tp comm %.0f ms (%.0f%%)", s.tp_comm_ms,
                   s.step_ms > 0 ? 100.0 * s.tp_comm_ms / s.step_ms : 0.0);
-  std::printf("step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %.1f ms | %s tok/s | MFU %.1f%% | mem %s%s%s%s\n",
+  std::printf("step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f%s | %.1f ms | %s tok/s | MFU %.1f%% | mem %s%s%s%s\n",
               static_cast<int>(std::to_string(config_.train.steps).size()), static_cast<long long>(s.step),
-              static_cast<long long>(config_.train.steps), s.loss, val, s.lr, s.grad_norm, s.step_ms,
+              static_cast<long long>(config_.train.steps), s.loss, val, s.lr, s.grad_norm, scale, s.step_ms,
               human_count(s.tokens_per_sec).c_str(), 100.0 * s.mfu,
               format_bytes(static_cast<double>(s.peak_mem_bytes)).c_str(), comm, bubble, tp);
   std::fflush(stdout);
@@ -502,6 +567,11 @@ int Trainer::run_unguarded() {
       if (config_.compression.grad != "none") {
         fields.push_back({"grad_bytes", static_cast<double>(s.grad_bytes)});
         fields.push_back({"grad_bytes_uncompressed", static_cast<double>(s.grad_bytes_uncompressed)});
+      }
+      if (compute_ == DType::F16) {
+        fields.push_back({"loss_scale", s.loss_scale});
+        fields.push_back({"skipped", s.skipped ? 1.0 : 0.0});
+        fields.push_back({"skipped_total", static_cast<double>(scaler_.skipped())});
       }
       if (s.pp_bubble >= 0) {
         fields.push_back({"pp_bubble", s.pp_bubble});

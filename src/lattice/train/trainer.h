@@ -27,6 +27,7 @@
 #include "lattice/model/gpt.h"
 #include "lattice/optim/adamw.h"
 #include "lattice/train/batches.h"
+#include "lattice/train/loss_scaler.h"
 #include "lattice/train/machine.h"
 #include "lattice/train/model_io.h"
 
@@ -69,6 +70,10 @@ struct StepStats {
   // Pipeline parallelism (pp > 1): the step's measured bubble (idle share of
   // ranks × span) and the simulator's for the measured action costs.
   double pp_bubble = -1, pp_bubble_simulated = -1;
+  // f16 compute: the loss scale the step ran with, and whether its gradients
+  // overflowed on some rank (the update was skipped everywhere).
+  double loss_scale = 1;
+  bool skipped = false;
 };
 
 struct TrainerOptions {
@@ -80,6 +85,11 @@ struct TrainerOptions {
   // backward_weight (as zero-bubble pipeline schedules will), instead of the
   // fused backward: the same arithmetic, tested to train the same model.
   bool split_backward = false;
+  // Tests: at step index `poison_step` (from 0), rank `poison_rank` of the job's ranks
+  // multiplies its loss gradient by infinity, as an f16 overflow in its
+  // backward would (-1: never).
+  int64_t poison_step = -1;
+  int poison_rank = 0;
 };
 
 class Trainer {
@@ -116,6 +126,9 @@ class Trainer {
   int64_t step() const { return step_; }
   const io::RunConfig& config() const { return config_; }
   const std::vector<StepStats>& history() const { return history_; }
+  // precision.compute, and f16's loss scale (scale 1, never moving, otherwise).
+  DType compute_dtype() const { return compute_; }
+  const LossScaler& loss_scaler() const { return scaler_; }
   // Peak FLOP/s that MFU is relative to (threads × measured per-core peak).
   double peak_flops() const { return peak_flops_; }
   const MachinePeak& machine_peak() const { return peak_; }
@@ -149,6 +162,14 @@ class Trainer {
   // The step's reduced loss and gradient norm are finite, or the run stops
   // saying so (every rank alike: both are reduced).
   void check_finite(double loss, double norm) const;
+  // After the gradients are reduced: whether to apply the update. f16: the
+  // loss scaler's decision on one flag reduced over the world (a skipped step
+  // is said on rank 0); otherwise check_finite.
+  bool apply_update(double loss, double norm);
+  // The loss gradient's factor this step on this rank (the loss scale; infinity when poisoned).
+  float loss_grad_factor() const;
+  // The master weights changed: the models make their 16-bit compute copies again.
+  void params_changed();
   // compression.* as the gradient reducer takes it.
   parallel::CompressionOptions compression_options() const;
   double pipeline_evaluate();
@@ -173,6 +194,8 @@ class Trainer {
   std::vector<StepStats> history_;
   int64_t step_ = 0;
   int micro_batches_ = 1;
+  DType compute_ = DType::F32;
+  LossScaler scaler_;
   uint64_t tokens_seen_ = 0;
   double peak_flops_ = 0;
   MachinePeak peak_;

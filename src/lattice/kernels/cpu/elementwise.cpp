@@ -1,9 +1,13 @@
-// GELU (tanh approximation), residual add, scaling, and the sum of squares.
+// GELU (tanh approximation), residual add, scaling, the sum of squares, and
+// the 16-bit storage casts of mixed precision.
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
+#include "lattice/core/error.h"
 #include "lattice/core/memory.h"
 #include "lattice/kernels/cpu/simd.h"
 #include "lattice/kernels/cpu/vec_math.h"
@@ -138,6 +142,140 @@ double sum_squares(const float* x, int64_t n) {
   double total = 0.0;
   for (int64_t c = 0; c < chunks; ++c) total += part[c];
   return total;
+}
+
+
+// ---- 16-bit storage ----------------------------------------------------------
+
+namespace {
+
+// bf16 in integer arithmetic (GCC vectorises it at every level): round to
+// nearest even at bit 16, NaN kept a quiet NaN (core/dtype.h's f32_to_bf16).
+inline __attribute__((always_inline)) uint32_t bf16_rounded_bits(uint32_t u) {
+  const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  return nan ? ((u | 0x00400000u) & 0xffff0000u) : rounded;
+}
+
+void bf16_round_range(float* x, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, 4);
+    u = bf16_rounded_bits(u);
+    std::memcpy(x + i, &u, 4);
+  }
+}
+void bf16_store_range(const float* x, uint16_t* d, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, 4);
+    d[i] = static_cast<uint16_t>(bf16_rounded_bits(u) >> 16);
+  }
+}
+void bf16_load_range(const uint16_t* s, float* x, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    const uint32_t u = static_cast<uint32_t>(s[i]) << 16;
+    std::memcpy(x + i, &u, 4);
+  }
+}
+
+// f16 through the F16C converters (round to nearest even, overflow to inf,
+// subnormals kept, NaN quiet), 16 or 8 values at a time; the scalar
+// converters of core/dtype.h for the tail and on SSE2.
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+// GCC 12's AVX-512 conversion intrinsics start from an "undefined" register it then warns about.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target(LATTICE_TARGET_AVX512))) void f16_store_avx512(const float* x, uint16_t* d, int64_t b,
+                                                                      int64_t e) {
+  for (; b + 16 <= e; b += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + b),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(x + b), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; b < e; ++b) d[b] = f32_to_f16(x[b]);
+}
+__attribute__((target(LATTICE_TARGET_AVX512))) void f16_load_avx512(const uint16_t* s, float* x, int64_t b,
+                                                                     int64_t e) {
+  for (; b + 16 <= e; b += 16)
+    _mm512_storeu_ps(x + b, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + b))));
+  for (; b < e; ++b) x[b] = f16_to_f32(s[b]);
+}
+__attribute__((target(LATTICE_TARGET_AVX2))) void f16_store_avx2(const float* x, uint16_t* d, int64_t b, int64_t e) {
+  for (; b + 8 <= e; b += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + b),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + b), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; b < e; ++b) d[b] = f32_to_f16(x[b]);
+}
+__attribute__((target(LATTICE_TARGET_AVX2))) void f16_load_avx2(const uint16_t* s, float* x, int64_t b, int64_t e) {
+  for (; b + 8 <= e; b += 8)
+    _mm256_storeu_ps(x + b, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + b))));
+  for (; b < e; ++b) x[b] = f16_to_f32(s[b]);
+}
+#pragma GCC diagnostic pop
+#define LATTICE_HAVE_F16C_PATHS 1
+#endif
+
+void f16_store_range(const float* x, uint16_t* d, int64_t b, int64_t e) {
+#ifdef LATTICE_HAVE_F16C_PATHS
+  switch (active_isa()) {
+    case Isa::Avx512: return f16_store_avx512(x, d, b, e);
+    case Isa::Avx2: return f16_store_avx2(x, d, b, e);
+    case Isa::Baseline: break;
+  }
+#endif
+  for (; b < e; ++b) d[b] = f32_to_f16(x[b]);
+}
+void f16_load_range(const uint16_t* s, float* x, int64_t b, int64_t e) {
+#ifdef LATTICE_HAVE_F16C_PATHS
+  switch (active_isa()) {
+    case Isa::Avx512: return f16_load_avx512(s, x, b, e);
+    case Isa::Avx2: return f16_load_avx2(s, x, b, e);
+    case Isa::Baseline: break;
+  }
+#endif
+  for (; b < e; ++b) x[b] = f16_to_f32(s[b]);
+}
+
+void check_16bit(DType t, const char* what) {
+  LATTICE_CHECK(t == DType::BF16 || t == DType::F16,
+                what << ": 16-bit storage is bf16 or f16, not " << dtype_name(t));
+}
+
+}  // namespace
+
+void round_to(DType t, float* x, int64_t n) {
+  if (t == DType::F32) return;
+  check_16bit(t, "round_to");
+  if (t == DType::BF16) {
+    parallel_ranges(n, [&](int64_t b, int64_t e) { cpu::simd([&] { return bf16_round_range(x, b, e); }); });
+    return;
+  }
+  // f16: through a small 16-bit buffer per block (the F16C converters are exact both ways).
+  parallel_ranges(n, [&](int64_t b, int64_t e) {
+    uint16_t tmp[1024];
+    for (int64_t i = b; i < e; i += 1024) {
+      const int64_t m = std::min<int64_t>(1024, e - i);
+      f16_store_range(x + i, tmp, 0, m);
+      f16_load_range(tmp, x + i, 0, m);
+    }
+  });
+}
+
+void store_16bit(DType t, const float* x, void* dst, int64_t n) {
+  check_16bit(t, "store_16bit");
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  if (t == DType::BF16)
+    parallel_ranges(n, [&](int64_t b, int64_t e) { cpu::simd([&] { return bf16_store_range(x, d, b, e); }); });
+  else
+    parallel_ranges(n, [&](int64_t b, int64_t e) { f16_store_range(x, d, b, e); });
+}
+
+void load_16bit(DType t, const void* src, float* x, int64_t n) {
+  check_16bit(t, "load_16bit");
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  if (t == DType::BF16)
+    parallel_ranges(n, [&](int64_t b, int64_t e) { cpu::simd([&] { return bf16_load_range(s, x, b, e); }); });
+  else
+    parallel_ranges(n, [&](int64_t b, int64_t e) { f16_load_range(s, x, b, e); });
 }
 
 }  // namespace lattice::kernels

@@ -45,6 +45,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -449,8 +450,105 @@ std::string describe_gemm_paths() {
   return s + "; oneDNN ISA " + p.dnnl_isa;
 }
 
+// ---- bf16 GEMM operands -------------------------------------------------------
+
+namespace {
+
+thread_local bool g_bf16_operands = false;
+
+struct Constant {
+  int64_t n = 0;
+  Buffer bf16;        // the values converted, made on first use after set()
+  bool converted = false;
+};
+std::mutex g_constants_mutex;
+std::map<const float*, Constant> g_constants;  // by first element
+
+// The bf16 copy of op's stored rows × cols (leading dimension ld) when it
+// lies in a registered constant (*ld16 = ld), else null.
+const uint16_t* constant_bf16(const float* p, int64_t rows, int64_t cols, int64_t ld) {
+  std::lock_guard<std::mutex> lock(g_constants_mutex);
+  auto it = g_constants.upper_bound(p);
+  if (it == g_constants.begin()) return nullptr;
+  --it;
+  const int64_t at = p - it->first;
+  Constant& c = it->second;
+  if (at < 0 || at + (rows - 1) * ld + cols > c.n) return nullptr;
+  if (!c.converted) {
+    if (c.bf16.bytes() < static_cast<size_t>(c.n) * 2) c.bf16 = Buffer(static_cast<size_t>(c.n) * 2, MemCategory::Workspace);
+    store_16bit(DType::BF16, it->first, c.bf16.data(), c.n);
+    c.converted = true;
+  }
+  return c.bf16.as<uint16_t>() + at;
+}
+
+// op's stored rows × cols at bf16: a constant's copy, or converted into this
+// thread's workspace `slot` (leading dimension cols).
+const uint16_t* bf16_operand(const float* p, int64_t rows, int64_t cols, int64_t ld, int slot, int64_t* ld16) {
+  if (const uint16_t* c = constant_bf16(p, rows, cols, ld)) {
+    *ld16 = ld;
+    return c;
+  }
+  thread_local Buffer scratch[2];
+  Buffer& b = scratch[slot];
+  const size_t bytes = static_cast<size_t>(rows * cols) * 2;
+  if (b.bytes() < bytes) b.ensure(bytes, MemCategory::Workspace);
+  uint16_t* out = b.as<uint16_t>();
+  if (ld == cols) {
+    store_16bit(DType::BF16, p, out, rows * cols);
+  } else {
+    for (int64_t r = 0; r < rows; r++) store_16bit(DType::BF16, p + r * ld, out + r * cols, cols);
+  }
+  *ld16 = cols;
+  return out;
+}
+
+}  // namespace
+
+Bf16GemmScope::Bf16GemmScope() : previous_(g_bf16_operands) { g_bf16_operands = true; }
+Bf16GemmScope::~Bf16GemmScope() { g_bf16_operands = previous_; }
+bool bf16_gemm_scope_active() { return g_bf16_operands; }
+
+GemmConstant& GemmConstant::operator=(GemmConstant&& o) noexcept {
+  if (this != &o) {
+    reset();
+    begin_ = o.begin_;
+    o.begin_ = nullptr;
+  }
+  return *this;
+}
+
+void GemmConstant::set(const float* begin, int64_t n) {
+  std::lock_guard<std::mutex> lock(g_constants_mutex);
+  if (begin_ && begin_ != begin) g_constants.erase(begin_);
+  Constant& c = g_constants[begin];
+  c.n = n;
+  c.converted = false;  // converted again on its next use (the buffer is kept)
+  begin_ = begin;
+}
+
+void GemmConstant::reset() {
+  if (!begin_) return;
+  std::lock_guard<std::mutex> lock(g_constants_mutex);
+  g_constants.erase(begin_);
+  begin_ = nullptr;
+}
+
+size_t gemm_constant_bytes() {
+  std::lock_guard<std::mutex> lock(g_constants_mutex);
+  size_t bytes = 0;
+  for (const auto& [p, c] : g_constants) bytes += c.bf16.bytes();
+  return bytes;
+}
+
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
           const void* B, int64_t ldb, float beta, float* C, int64_t ldc, DType ab_type) {
+  if (ab_type == DType::F32 && g_bf16_operands && M > 0 && N > 0 && K > 0) {
+    int64_t lda16 = 0, ldb16 = 0;
+    const uint16_t* a = bf16_operand(static_cast<const float*>(A), trans_a ? K : M, trans_a ? M : K, lda, 0, &lda16);
+    const uint16_t* b = bf16_operand(static_cast<const float*>(B), trans_b ? N : K, trans_b ? K : N, ldb, 1, &ldb16);
+    return gemm(trans_a, trans_b, M, N, K, alpha, a, lda16, b, ldb16, beta, C, ldc, DType::BF16);
+  }
   if (ab_type == DType::F32) {
     cpu::gemm_dnnl_sgemm(trans_a, trans_b, M, N, K, alpha, static_cast<const float*>(A), lda,
                          static_cast<const float*>(B), ldb, beta, C, ldc);

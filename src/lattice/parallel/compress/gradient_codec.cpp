@@ -19,7 +19,9 @@ GradCodec grad_codec_from_name(const std::string& name) {
   if (name == "int8") return GradCodec::Int8;
   if (name == "onebit") return GradCodec::OneBit;
   if (name == "topk") return GradCodec::TopK;
-  LATTICE_FAIL("compression.grad=\"" << name << "\" is not a gradient codec (none, bf16, f16, int8, onebit, topk)");
+  if (name == "powersgd") return GradCodec::PowerSgd;
+  LATTICE_FAIL("compression.grad=\"" << name
+                                     << "\" is not a gradient codec (none, bf16, f16, int8, onebit, topk, powersgd)");
 }
 
 const char* grad_codec_name(GradCodec c) {
@@ -36,6 +38,8 @@ const char* grad_codec_name(GradCodec c) {
       return "onebit";
     case GradCodec::TopK:
       return "topk";
+    case GradCodec::PowerSgd:
+      return "powersgd";
   }
   return "?";
 }
@@ -44,6 +48,10 @@ namespace {
 
 size_t words(size_t bytes) { return (bytes + 3) / 4 * 4; }
 int64_t blocks_of(int64_t n) { return (n + kCodecBlock - 1) / kCodecBlock; }
+
+[[noreturn]] void not_a_block_codec() {
+  LATTICE_FAIL("internal: powersgd is not a block codec: it reduces whole matrices (powersgd.h)");
+}
 
 // |x| for ranking, NaN first (it must reach the receiver: the step's
 // non-finite check then stops training, as it would uncompressed).
@@ -88,6 +96,8 @@ void visit(const CodecSpec& spec, const void* payload, int64_t n, Put put) {
       for (int64_t j = 0; j < K; j++) put(static_cast<int64_t>(index[j]), value[j]);
       return;
     }
+    case GradCodec::PowerSgd:
+      not_a_block_codec();
   }
 }
 
@@ -111,6 +121,8 @@ size_t payload_bytes(const CodecSpec& spec, int64_t n) {
       return scales + words((N + 7) / 8);
     case GradCodec::TopK:
       return 8 * static_cast<size_t>(topk_count(spec.topk_ratio, n));
+    case GradCodec::PowerSgd:
+      not_a_block_codec();
   }
   return 4 * N;
 }
@@ -173,6 +185,8 @@ void encode(const CodecSpec& spec, const float* x, int64_t n, void* payload, flo
       for (int64_t j = 0; j < K; j++) index[j] = order[j], value[j] = x[order[j]];
       break;
     }
+    case GradCodec::PowerSgd:
+      not_a_block_codec();
   }
   if (decoded) decode(spec, payload, n, decoded);
 }

@@ -13,6 +13,11 @@
 //              (ties to the lower index), as (u32 index, f32 value) pairs:
 //              8K bytes (0.02 of f32 at ratio 0.01)
 //
+// PowerSGD (compression.grad = "powersgd") is named here with the others but
+// is no block codec: it approximates each gradient matrix by a rank-r
+// product and needs the matrices' shapes, so it reduces whole buffers of
+// known layout (powersgd.h); payload_bytes, encode and decode refuse it.
+//
 // Payloads are whole 4-byte words (they travel as opaque words: all_to_all
 // and all_gather move them without arithmetic). Decoding is deterministic:
 // every rank that decodes the same payloads in the same order gets the same
@@ -26,15 +31,16 @@
 
 namespace lattice::parallel {
 
-enum class GradCodec { None, BF16, F16, Int8, OneBit, TopK };
+enum class GradCodec { None, BF16, F16, Int8, OneBit, TopK, PowerSgd };
 
-// "none", "bf16", "f16", "int8", "onebit", "topk" (compression.grad); throws naming the valid ones.
+// "none", "bf16", "f16", "int8", "onebit", "topk", "powersgd" (compression.grad); throws naming the valid ones.
 GradCodec grad_codec_from_name(const std::string& name);
 const char* grad_codec_name(GradCodec c);
 
 struct CodecSpec {
   GradCodec codec = GradCodec::None;
-  double topk_ratio = 0.01;  // topk: the fraction of values kept
+  double topk_ratio = 0.01;   // topk: the fraction of values kept
+  int64_t powersgd_rank = 4;  // powersgd: the rank r of each matrix's approximation
 };
 
 constexpr int64_t kCodecBlock = 256;  // values per scale (int8, onebit)

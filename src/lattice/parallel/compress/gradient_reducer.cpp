@@ -4,8 +4,27 @@
 #include <vector>
 
 #include "lattice/core/error.h"
+#include "lattice/kernels/ops.h"
 
 namespace lattice::parallel {
+
+bool codec_mixes_values(GradCodec c) { return c == GradCodec::Int8 || c == GradCodec::OneBit || c == GradCodec::TopK; }
+
+void average_replicated_grads(const optim::AdamW& optimizer, comm::Communicator& tp) {
+  if (tp.size() == 1) return;
+  int64_t n = 0;
+  for (const optim::AdamWSegment& s : optimizer.segments())
+    if (s.replicated) n += s.n;
+  std::vector<float> values(static_cast<size_t>(n));
+  int64_t at = 0;
+  for (const optim::AdamWSegment& s : optimizer.segments())
+    if (s.replicated) std::memcpy(values.data() + at, s.grad, sizeof(float) * s.n), at += s.n;
+  tp.all_reduce(values.data(), values.size(), DType::F32, comm::ReduceOp::Sum);
+  kernels::scale_inplace(values.data(), 1.0f / static_cast<float>(tp.size()), n);
+  at = 0;
+  for (const optim::AdamWSegment& s : optimizer.segments())
+    if (s.replicated) std::memcpy(const_cast<float*>(s.grad), values.data() + at, sizeof(float) * s.n), at += s.n;
+}
 
 namespace {
 
@@ -29,6 +48,9 @@ GradientReducer::GradientReducer(CommStream& stream, const CompressionOptions& o
     LATTICE_CHECK(options_.spec.topk_ratio > 0 && options_.spec.topk_ratio <= 1,
                   "compression.topk_ratio=" << options_.spec.topk_ratio << " must be in (0, 1]");
   LATTICE_CHECK(options_.warmup_steps >= 0, "compression.warmup_steps=" << options_.warmup_steps << " must be >= 0");
+  if (options_.spec.codec == GradCodec::PowerSgd)
+    LATTICE_CHECK(options_.spec.powersgd_rank >= 1,
+                  "compression.rank=" << options_.spec.powersgd_rank << " must be >= 1");
 }
 
 GradientReducer::Errors& GradientReducer::errors_of(int64_t key, int64_t chunk_numel, int64_t k, bool server) {
@@ -43,12 +65,14 @@ GradientReducer::Errors& GradientReducer::errors_of(int64_t key, int64_t chunk_n
 size_t GradientReducer::error_bytes() const {
   size_t b = 0;
   for (const auto& [key, e] : errors_) b += e.worker.bytes() + e.server.bytes();
-  return b;
+  return b + powersgd_.state_bytes();
 }
 
 void GradientReducer::compressed_scatter(comm::Communicator& comm, float* chunk, int64_t k, float* sum, Errors* e) {
   const int n = comm.size();
   const CodecSpec& spec = options_.spec;
+  LATTICE_CHECK(spec.codec != GradCodec::PowerSgd,
+                "internal: a PowerSGD reduction posted as a chunk operation (use the *_lowrank ones)");
   const size_t P = payload_bytes(spec, k);
   Scratch& s = scratch();
   s.send.resize(P * n);
@@ -131,6 +155,51 @@ CommStream::Ticket GradientReducer::reduce_scatter(int64_t key, float* chunk, in
     place(s.sum.data());
     sent_ += comm.stats().bytes_sent - before;
   });
+}
+
+CommStream::Ticket GradientReducer::post_lowrank(int64_t key, float* data, const LowRankLayout& layout, int64_t chunks,
+                                                 int64_t k, uint64_t uncompressed, CommStream::Then then,
+                                                 std::string label) {
+  const int n = stream_.comm().size();
+  LATTICE_CHECK(lowrank(), "internal: a PowerSGD reduction posted while not compressing with it");
+  LATTICE_CHECK(layout.extent <= chunks * n * k,
+                "internal: PowerSGD layout of " << layout.extent << " floats over a buffer of " << chunks * n * k);
+  uncompressed_ += uncompressed;
+  PowerSgd::State* state = &powersgd_.state(key, layout, options_.error_feedback);
+  return stream_.run(
+      std::move(label),
+      [this, state, data, &layout](comm::Communicator& comm) {
+        const uint64_t before = comm.stats().bytes_sent;
+        powersgd_.reduce(comm, *state, data, layout);
+        sent_ += comm.stats().bytes_sent - before;
+      },
+      std::move(then));
+}
+
+CommStream::Ticket GradientReducer::all_reduce_lowrank(int64_t key, float* data, const LowRankLayout& layout,
+                                                       int64_t chunks, int64_t k, std::string label) {
+  const uint64_t n = static_cast<uint64_t>(stream_.comm().size());
+  const uint64_t plain = 2ull * (n - 1) * static_cast<uint64_t>(chunks * k) * sizeof(float);
+  return post_lowrank(key, data, layout, chunks, k, plain, {}, std::move(label));
+}
+
+CommStream::Ticket GradientReducer::reduce_scatter_lowrank(int64_t key, float* data, const LowRankLayout& layout,
+                                                           int64_t chunks, int64_t k, float* dst, int64_t dst_stride,
+                                                           bool accumulate, std::string label) {
+  const int n = stream_.comm().size(), rank = stream_.comm().rank();
+  const uint64_t plain = static_cast<uint64_t>(n - 1) * static_cast<uint64_t>(chunks * k) * sizeof(float);
+  auto place = [data, chunks, k, n, rank, dst, dst_stride, accumulate] {
+    for (int64_t c = 0; c < chunks; c++) {
+      const float* sum = data + c * n * k + static_cast<int64_t>(rank) * k;
+      float* to = dst + c * dst_stride;
+      if (accumulate) {
+        for (int64_t i = 0; i < k; i++) to[i] += sum[i];
+      } else if (to != sum) {
+        std::memmove(to, sum, static_cast<size_t>(k) * sizeof(float));
+      }
+    }
+  };
+  return post_lowrank(key, data, layout, chunks, k, plain, place, std::move(label));
 }
 
 }  // namespace lattice::parallel

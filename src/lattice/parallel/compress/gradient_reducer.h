@@ -37,6 +37,16 @@
 //
 // The first `warmup_steps` steps (compression.warmup_steps) run
 // uncompressed, as 1-bit Adam's warm-up does.
+//
+// PowerSGD (codec PowerSgd, powersgd.h) compresses matrices, so it cannot
+// work on chunks: while lowrank() holds, callers reduce a whole buffer of
+// known layout (a group's gradient, an embedding chunk) with
+// all_reduce_lowrank or reduce_scatter_lowrank instead of the chunk
+// operations, and the chunk operations refuse it. Both leave the summed
+// approximation where the chunk operations they replace would have left the
+// sum; bytes() counts what its two all-reduces sent against what those
+// chunk operations send uncompressed (at ZeRO 1-3 a reduce-scatter, half an
+// all-reduce: the share is then twice the all-reduce's).
 #pragma once
 
 #include <atomic>
@@ -46,7 +56,9 @@
 #include <utility>
 
 #include "lattice/core/memory.h"
+#include "lattice/optim/adamw.h"
 #include "lattice/parallel/compress/gradient_codec.h"
+#include "lattice/parallel/compress/powersgd.h"
 #include "lattice/parallel/data/comm_stream.h"
 
 namespace lattice::parallel {
@@ -56,6 +68,22 @@ struct CompressionOptions {
   bool error_feedback = true;  // compression.error_feedback
   int64_t warmup_steps = 0;    // compression.warmup_steps
 };
+
+// Tensor parallelism under a codec that encodes a block of values together
+// (int8's scale and onebit's mean |x| per 256 values, topk's selection):
+// such a block can hold parameters that are whole on every TP rank
+// (LayerNorms, row-parallel biases, wpe) beside slices that differ between
+// the TP ranks, so each TP rank's data-parallel group decodes slightly
+// different gradients for the replicated ones and their copies would drift
+// apart. The trainer averages those gradients over the TP group after the
+// reduction (one all-reduce of the replicated values: LayerNorms, biases and
+// wpe, a few percent of the model), so they stay one parameter. bf16 and f16
+// round each value alone and PowerSGD reduces the replicated values exactly:
+// they need nothing.
+bool codec_mixes_values(GradCodec c);
+// The reduced gradients of `optimizer`'s replicated segments, averaged over
+// `tp` (collective over it; every TP rank has the same segments).
+void average_replicated_grads(const optim::AdamW& optimizer, comm::Communicator& tp);
 
 class GradientReducer {
  public:
@@ -68,6 +96,8 @@ class GradientReducer {
     compressing_ = options_.spec.codec != GradCodec::None && step >= options_.warmup_steps && stream_.comm().size() > 1;
   }
   bool compressing() const { return compressing_; }
+  // This step reduces with PowerSGD: callers use the *_lowrank operations.
+  bool lowrank() const { return compressing_ && options_.spec.codec == GradCodec::PowerSgd; }
 
   // `key` names the chunk across steps (its error buffers); `label` the
   // operation in the stream's log. `then` runs after the result is in place.
@@ -79,9 +109,24 @@ class GradientReducer {
   CommStream::Ticket reduce_scatter(int64_t key, float* chunk, int64_t k, float* dst, bool accumulate,
                                     std::string label);
 
+  // PowerSGD (lowrank() only) over `data`: `chunks` chunks of n·k floats
+  // holding what `layout` describes; `key` names it across steps (its Qs and
+  // error). all_reduce_lowrank: every rank ends with the summed
+  // approximation in every position the layout covers (ZeRO 0, as
+  // all_reduce on each chunk). reduce_scatter_lowrank: then this rank's
+  // summed slice c (data + c·n·k + rank·k, k floats) is copied, or added
+  // when `accumulate`, to dst + c·dst_stride (ZeRO 1-3, as reduce_scatter
+  // on each chunk; dst = data + rank·k with stride n·k leaves it in place).
+  // The layout must outlive the operation.
+  CommStream::Ticket all_reduce_lowrank(int64_t key, float* data, const LowRankLayout& layout, int64_t chunks,
+                                        int64_t k, std::string label);
+  CommStream::Ticket reduce_scatter_lowrank(int64_t key, float* data, const LowRankLayout& layout, int64_t chunks,
+                                            int64_t k, float* dst, int64_t dst_stride, bool accumulate,
+                                            std::string label);
+
   // The key of chunk c of group g.
   static int64_t key(int64_t group, int64_t chunk) { return (group << 32) | chunk; }
-  // Bytes of error buffers held (MemCategory::Grads).
+  // Bytes of error buffers (and PowerSGD's Qs) held (MemCategory::Grads).
   size_t error_bytes() const;
 
   // Bytes this rank sent in the reductions posted so far (the Communicator's
@@ -100,11 +145,14 @@ class GradientReducer {
   Errors& errors_of(int64_t key, int64_t chunk_numel, int64_t k, bool server);
   // Steps 1-4 on the communication thread: block r's sum into `sum` (k floats).
   void compressed_scatter(comm::Communicator& comm, float* chunk, int64_t k, float* sum, Errors* e);
+  CommStream::Ticket post_lowrank(int64_t key, float* data, const LowRankLayout& layout, int64_t chunks, int64_t k,
+                                  uint64_t uncompressed, CommStream::Then then, std::string label);
 
   CommStream& stream_;
   CompressionOptions options_;
   bool compressing_ = false;
   std::map<int64_t, Errors> errors_;
+  PowerSgd powersgd_;
   std::atomic<uint64_t> sent_{0}, uncompressed_{0};
 };
 

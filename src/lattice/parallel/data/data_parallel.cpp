@@ -121,6 +121,9 @@ DataParallel::DataParallel(model::GPT& model, comm::Communicator& dp, const Data
   // One rank communicates nothing: no thread for it.
   stream_ = std::make_unique<CommStream>(dp, dp.size() == 1 ? Progress::Inline : options.progress);
   reducer_ = std::make_unique<GradientReducer>(*stream_, options.compression);
+  if (options.compression.spec.codec == GradCodec::PowerSgd)
+    for (const model::ParamGroup& group : groups_)
+      lowrank_.push_back(lowrank_layout(group, options.compression.spec.powersgd_rank));
 
   // Where the optimizer state lives: moments, and at stage 3 the parameters.
   const int arrays = stage == 3 ? 3 : 2;
@@ -147,6 +150,7 @@ DataParallel::DataParallel(model::GPT& model, comm::Communicator& dp, const Data
       seg.n = run.n;
       seg.state_offset = shard_base_[g] + run.shard_offset;
       seg.decay = group.params()[run.param].weight_decay;
+      seg.replicated = group.params()[run.param].shard.split_dim < 0;
       segments.push_back(seg);
       if (!options.count_replicated && group.params()[run.param].shard.split_dim >= 0)
         norm_segments_.emplace_back(seg.grad, seg.n);
@@ -235,6 +239,7 @@ std::string DataParallel::describe() const {
   if (c.spec.codec != GradCodec::None && ranks() > 1) {
     s << ", gradients compressed " << grad_codec_name(c.spec.codec);
     if (c.spec.codec == GradCodec::TopK) s << " (ratio " << c.spec.topk_ratio << ")";
+    if (c.spec.codec == GradCodec::PowerSgd) s << " (rank " << c.spec.powersgd_rank << ")";
     s << (c.error_feedback ? " with" : " without") << " error feedback";
     if (c.warmup_steps > 0) s << " after " << c.warmup_steps << " uncompressed steps";
     if (stream_->progress() == Progress::Poll) s << " (poll progress: compressed reductions run inline, no overlap)";
@@ -440,19 +445,35 @@ void DataParallel::reduce_group(size_t g) {
   float* grad = group.grad_storage();
   const int64_t k = s.slice;
   CommStream::Ticket t = 0;
-  for (int64_t c = 0; c < s.chunks; c++) {
-    float* chunk = grad + c * s.chunk_numel();
-    const int64_t key = GradientReducer::key(static_cast<int64_t>(g), c);
-    const std::string label = chunk_label("grad", group.name(), c, s.chunks);
+  if (reducer_->lowrank()) {
+    // PowerSGD needs the group's matrices whole: one operation for the group,
+    // the result where the chunk operations below would leave it.
+    const int64_t key = GradientReducer::key(static_cast<int64_t>(g), 0);
+    const std::string label = "grad " + group.name() + " powersgd";
     if (stage() == 0) {
-      reducer_->all_reduce(key, chunk, k, label);
-    } else if (stage() == 1) {
-      // This rank's slice summed where it belongs in the (whole) gradient buffer.
-      reducer_->reduce_scatter(key, chunk, k, grad + s.slice_begin(c), false, label);
+      reducer_->all_reduce_lowrank(key, grad, lowrank_[g], s.chunks, k, label);
+    } else if (stage() == 1) {  // each slice stays at its home position
+      reducer_->reduce_scatter_lowrank(key, grad, lowrank_[g], s.chunks, k, grad + s.slice_begin(0), s.chunk_numel(),
+                                       false, label);
     } else {
-      // Stages 2-3: into this rank's gradient shard (added from the second micro-batch on).
-      t = reducer_->reduce_scatter(key, chunk, k, shard_grads_[g].as<float>() + c * k, shard_grad_written_[g] != 0,
-                                   label);
+      t = reducer_->reduce_scatter_lowrank(key, grad, lowrank_[g], s.chunks, k, shard_grads_[g].as<float>(), k,
+                                           shard_grad_written_[g] != 0, label);
+    }
+  } else {
+    for (int64_t c = 0; c < s.chunks; c++) {
+      float* chunk = grad + c * s.chunk_numel();
+      const int64_t key = GradientReducer::key(static_cast<int64_t>(g), c);
+      const std::string label = chunk_label("grad", group.name(), c, s.chunks);
+      if (stage() == 0) {
+        reducer_->all_reduce(key, chunk, k, label);
+      } else if (stage() == 1) {
+        // This rank's slice summed where it belongs in the (whole) gradient buffer.
+        reducer_->reduce_scatter(key, chunk, k, grad + s.slice_begin(c), false, label);
+      } else {
+        // Stages 2-3: into this rank's gradient shard (added from the second micro-batch on).
+        t = reducer_->reduce_scatter(key, chunk, k, shard_grads_[g].as<float>() + c * k, shard_grad_written_[g] != 0,
+                                     label);
+      }
     }
   }
   if (stage() >= 2) {

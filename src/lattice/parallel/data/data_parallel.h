@@ -168,6 +168,7 @@ class DataParallel final : public model::GroupHooks {
   std::unique_ptr<ShardedEmbedding> embedding_;
   Buffer embedding_staging_;                      // stage 3 with offload: the embedding's shard, read from disk
   std::vector<Buffer> shard_grads_;  // stages 2-3: this rank's gradient slices per group
+  std::vector<LowRankLayout> lowrank_;  // compression.grad = powersgd: each group's matrices
   std::vector<uint8_t> shard_grad_written_;
   Buffer staging_;                   // stage 3 with offload: a shard read from disk before its gather
 

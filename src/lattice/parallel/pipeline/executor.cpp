@@ -184,7 +184,7 @@ double Executor::run_actions(const std::vector<Action>& actions, const std::vect
         const bool last = a.stage == S - 1;
         const float loss =
             g.forward_stage(slot, a.stage == 0 ? batches[a.micro].inputs : nullptr, a.stage == 0 ? nullptr : in.data(),
-                            last ? batches[a.micro].targets : nullptr, B, T, 1.0f / static_cast<float>(m));
+                            last ? batches[a.micro].targets : nullptr, B, T, loss_scale_ / static_cast<float>(m));
         if (last) loss_sum += loss;
         if (!last) deliver({a.stage, a.micro, false}, g.stage_output(slot), a.stage + 1);
         if (!training) {

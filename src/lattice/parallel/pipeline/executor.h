@@ -66,6 +66,9 @@ class Executor {
   // of B × T tokens). Gradients accumulate into the stage models' groups
   // (the caller zeroes them before). Returns the step's mean loss, on every rank.
   double run_step(const std::vector<MicroBatch>& batches, int B, int T);
+  // The loss of each micro-batch is multiplied by `scale` before the backward
+  // (f16's loss scale: the gradients come out `scale` times larger; 1 by default).
+  void set_loss_scale(float scale) { loss_scale_ = scale; }
   // Mean loss of `batches` without a backward (evaluation): every rank runs
   // the forwards of its stages micro-batch by micro-batch, as GPipe's fill
   // does, and drops each activation slot once its output has gone on.
@@ -118,6 +121,7 @@ class Executor {
   std::vector<Interval> timeline_;
   std::function<void(int)> stage_done_;
   bool sum_tied_ = true;
+  float loss_scale_ = 1.0f;
 };
 
 }  // namespace lattice::pipeline

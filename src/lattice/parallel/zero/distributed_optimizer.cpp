@@ -59,6 +59,8 @@ DistributedOptimizer::DistributedOptimizer(std::vector<model::GPT*> models, comm
       e.shard = mine_layout.group(i);
       e.group->set_capacity(std::max({e.group->capacity(), e.buckets.capacity(), e.shard.capacity()}));
       e.runs = mine_layout.runs(groups[i], i);
+      if (compression.spec.codec == GradCodec::PowerSgd)
+        e.lowrank = lowrank_layout(groups[i], compression.spec.powersgd_rank);
       e.state_base = total;
       total += e.shard.shard_numel();
       if (stage_ >= 1)
@@ -78,6 +80,7 @@ DistributedOptimizer::DistributedOptimizer(std::vector<model::GPT*> models, comm
         seg.n = run.n;
         seg.state_offset = e.state_base + run.shard_offset;
         seg.decay = e.group->params()[run.param].weight_decay;
+        seg.replicated = e.group->params()[run.param].shard.split_dim < 0;
         segments.push_back(seg);
       }
       if (stage_ == 3) {
@@ -212,6 +215,12 @@ void DistributedOptimizer::borrow_grads(size_t j, size_t g) {
 // (added to them after the step's first reduction).
 void DistributedOptimizer::post_reduction(Group& e, float* grad, bool accumulate) {
   const GroupShard& b = e.buckets;
+  if (reducer_->lowrank()) {  // PowerSGD: the whole group at once (gradient_reducer.h)
+    reducer_->reduce_scatter_lowrank(GradientReducer::key(e.key, 0), grad, e.lowrank, b.chunks, b.slice,
+                                     e.shard_grad.as<float>(), b.slice, accumulate,
+                                     "grad " + e.group->name() + " powersgd");
+    return;
+  }
   for (int64_t c = 0; c < b.chunks; c++)
     reducer_->reduce_scatter(GradientReducer::key(e.key, c), grad + c * b.chunk_numel(), b.slice,
                              e.shard_grad.as<float>() + c * b.slice, accumulate,
@@ -251,6 +260,17 @@ void DistributedOptimizer::reduce(size_t j, bool embedding) {
     if (dp_.size() == 1) continue;
     float* grad = group.grad_storage();
     const GroupShard& b = e.buckets;
+    if (reducer_->lowrank()) {  // PowerSGD: the whole group at once (gradient_reducer.h)
+      const int64_t key = GradientReducer::key(e.key, 0);
+      const std::string label = "grad " + group.name() + " powersgd";
+      if (stage_ == 1) {
+        reducer_->reduce_scatter_lowrank(key, grad, e.lowrank, b.chunks, b.slice, e.shard_grad.as<float>(), b.slice,
+                                         false, label);
+      } else {
+        reducer_->all_reduce_lowrank(key, grad, e.lowrank, b.chunks, b.slice, label);
+      }
+      continue;
+    }
     for (int64_t c = 0; c < b.chunks; c++) {
       float* chunk = grad + c * b.chunk_numel();
       const int64_t key = GradientReducer::key(e.key, c);

@@ -29,7 +29,9 @@
 // model that runs both lookup and head). The tied embedding's two copies
 // (first and last stage) are summed after the reductions — on the whole
 // gradient by the executor at stages 0-1, on the slices here at stages 2-3
-// (the tied_sum the caller gives).
+// (the tied_sum the caller gives). Under PowerSGD (compression.grad =
+// powersgd) each group is reduced as one operation, its matrices compressed
+// (powersgd.h; the embedding's wte whole, as one matrix).
 //
 // Bytes each rank sends per step: stages 0-1 2Ψ(n-1)/n; stage 2 m·Ψ(n-1)/n
 // plus Ψ(n-1)/n of parameter gathers; stage 3 m·Ψ(n-1)/n of gradients plus
@@ -112,6 +114,7 @@ class DistributedOptimizer {
     Buffer shard_grad;           // stages 1-3: this rank's summed slices
     bool shard_written = false;  // stages 2-3: this step's first reduction overwrites
     int param_users = 0;         // stage 3: passes reading the gathered buffer
+    LowRankLayout lowrank;       // compression.grad = powersgd: its matrices
   };
   // Stages 2-3: borrowed whole-group buffers, by capacity.
   float* borrow(int64_t capacity, MemCategory category);

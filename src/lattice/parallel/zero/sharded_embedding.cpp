@@ -35,6 +35,21 @@ ShardedEmbedding::ShardedEmbedding(model::ParamGroup& group, const model::ModelC
   const size_t chunk_bytes = static_cast<size_t>(shard.chunk_numel()) * sizeof(float);
   if (params_) pieces_ = Buffer(2 * chunk_bytes, MemCategory::Params);
   if (gradients_ == Gradients::Sharded) grad_pieces_ = Buffer(2 * chunk_bytes, MemCategory::Grads);
+  // PowerSGD: chunk c's wte rows one matrix, its wpe rows another (wpe is
+  // whole on every tensor-parallel rank and must stay identical there: its
+  // approximation may not depend on this rank's wte slice); padding rows
+  // are neither sent nor written.
+  if (reducer.options().spec.codec == GradCodec::PowerSgd) {
+    const int64_t rows = shard.chunk_numel() / C_, wpe_end = wpe_row_ + wpe.shape[0];
+    for (int64_t c = 0; c < shard.chunks; c++) {
+      const int64_t lo = c * rows, hi = lo + rows;
+      const std::pair<int64_t, int64_t> wte_rows{std::min<int64_t>(lo, Vp_), std::min<int64_t>(hi, Vp_)};
+      const std::pair<int64_t, int64_t> wpe_rows{std::clamp(lo, wpe_row_, wpe_end), std::clamp(hi, wpe_row_, wpe_end)};
+      lowrank_.push_back(
+          lowrank_rows({{wte_rows.first - lo, wte_rows.second - lo}, {wpe_rows.first - lo, wpe_rows.second - lo}}, C_,
+                       reducer.options().spec.powersgd_rank));
+    }
+  }
 }
 
 size_t ShardedEmbedding::param_buffer_bytes() const { return pieces_.bytes(); }
@@ -68,13 +83,15 @@ void ShardedEmbedding::for_each_gathered_chunk(
     if (c + 1 < chunks) next = gather_chunk(c + 1);
     int64_t first, last;
     wte_rows(c, &first, &last);
-    fn(pieces_.as<float>() + (c % 2) * shard_.chunk_numel(), first, last, c);
+    float* piece = pieces_.as<float>() + (c % 2) * shard_.chunk_numel();
+    k::round_to(group_.compute_dtype(), piece, shard_.chunk_numel());  // mixed precision: the compute copy
+    fn(piece, first, last, c);
   }
 }
 
 void ShardedEmbedding::head_forward(float* logits, const float* lnf, int64_t rows, int64_t ld) {
   if (!params_) {  // stage 2: the table is whole here
-    k::gemm(false, true, rows, Vp_, C_, 1.0f, lnf, ld, group_.param(kWte), C_, 0.0f, logits, Vp_);
+    k::gemm(false, true, rows, Vp_, C_, 1.0f, lnf, ld, group_.compute_param(kWte), C_, 0.0f, logits, Vp_);
     return;
   }
   for_each_gathered_chunk([&](const float* piece, int64_t first, int64_t last, int64_t) {
@@ -85,7 +102,7 @@ void ShardedEmbedding::head_forward(float* logits, const float* lnf, int64_t row
 
 void ShardedEmbedding::head_backward_input(float* dlnf, const float* dlogits, int64_t N) {
   if (!params_) {
-    k::linear_backward_input(dlnf, dlogits, group_.param(kWte), N, C_, Vp_, false);
+    k::linear_backward_input(dlnf, dlogits, group_.compute_param(kWte), N, C_, Vp_, false);
     return;
   }
   for_each_gathered_chunk([&](const float* piece, int64_t first, int64_t last, int64_t c) {
@@ -113,7 +130,12 @@ void ShardedEmbedding::head_weight_into_group(const float* dlogits, const float*
     float* data = grad + c * chunk;
     const std::string label = "grad embedding " + std::to_string(c) + "/" + std::to_string(shard_.chunks);
     const int64_t key = GradientReducer::key(key_group_, c);
-    if (gradients_ == Gradients::AllReduce) {
+    if (reducer_.lowrank() && gradients_ == Gradients::AllReduce) {
+      last_ticket_ = reducer_.all_reduce_lowrank(key, data, lowrank_[c], 1, slice, label);
+    } else if (reducer_.lowrank()) {
+      last_ticket_ = reducer_.reduce_scatter_lowrank(key, data, lowrank_[c], 1, slice, grad + shard_.slice_begin(c), 0,
+                                                     false, label);
+    } else if (gradients_ == Gradients::AllReduce) {
       last_ticket_ = reducer_.all_reduce(key, data, slice, label);
     } else {
       last_ticket_ = reducer_.reduce_scatter(key, data, slice, grad + shard_.slice_begin(c), false, label);
@@ -139,9 +161,12 @@ void ShardedEmbedding::head_backward_weight(const float* dlogits, const float* l
     if (head_rows > 0)
       k::gemm(true, false, head_rows, C_, N, 1.0f, dlogits + first, Vp_, lnf, C_, 0.0f, piece, C_);
     std::memset(piece + head_rows * C_, 0, static_cast<size_t>(chunk - head_rows * C_) * sizeof(float));
-    grad_ticket_[b] = reducer_.reduce_scatter(
-        GradientReducer::key(key_group_, c), piece, k, grad_shard_ + c * k, !first_,
-        "grad embedding " + std::to_string(c) + "/" + std::to_string(shard_.chunks));
+    const int64_t key = GradientReducer::key(key_group_, c);
+    std::string label = "grad embedding " + std::to_string(c) + "/" + std::to_string(shard_.chunks);
+    grad_ticket_[b] = reducer_.lowrank()
+                          ? reducer_.reduce_scatter_lowrank(key, piece, lowrank_[c], 1, k, grad_shard_ + c * k, 0,
+                                                            !first_, std::move(label))
+                          : reducer_.reduce_scatter(key, piece, k, grad_shard_ + c * k, !first_, std::move(label));
     last_ticket_ = grad_ticket_[b];
   }
 }
@@ -152,7 +177,8 @@ void ShardedEmbedding::add_owned_row(float* out, int64_t row, const float* src) 
     const int64_t seg_end = std::min(end, f + (k - f % k));  // slices are k-aligned within chunks
     if (shard_.owner(f) == shard_.rank) {
       const float* s = src + shard_.shard_offset(f);
-      for (int64_t i = 0; i < seg_end - f; i++) out[f - begin + i] += s[i];
+      const DType t = group_.compute_dtype();  // mixed precision: the master rounded, as the compute copy
+      for (int64_t i = 0; i < seg_end - f; i++) out[f - begin + i] += round_to_dtype(s[i], t);
     }
     f = seg_end;
   }
@@ -181,8 +207,8 @@ void ShardedEmbedding::exchange_tokens(const int32_t* tokens, int64_t count) {
 
 void ShardedEmbedding::lookup(float* x, const int32_t* tokens, int B, int T, int first_position, bool positions) {
   if (!params_) {
-    const float* wpe = positions ? group_.param(kWpe) + static_cast<int64_t>(first_position) * C_ : nullptr;
-    k::embedding_forward(x, tokens, group_.param(kWte), wpe, B, T, C_);
+    const float* wpe = positions ? group_.compute_param(kWpe) + static_cast<int64_t>(first_position) * C_ : nullptr;
+    k::embedding_forward(x, tokens, group_.compute_param(kWte), wpe, B, T, C_);
     return;
   }
   const int n = shard_.ranks;

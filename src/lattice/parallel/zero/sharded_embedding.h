@@ -21,6 +21,11 @@
 //                   ranks' (token, dx row) pairs are all-gathered and each rank
 //                   adds the parts it owns to its gradient shard.
 //
+// Under PowerSGD (powersgd.h) each gradient chunk is reduced on its own, its
+// wte rows as one matrix (rows × C: the table's gradient cut by rows) and its
+// wpe rows as another; at GPT-2's 682 rows a chunk the share is
+// r(682 + 768)/(682·768), 1.1% at r = 4.
+//
 // So per micro-batch the table crosses the wire three times at stage 3 (two
 // gathers, one reduce-scatter, as ZeRO-3's 3Ψ counts it), plus O(n·B·T·C)
 // for the sparse exchanges. At stage 2 the parameters are whole on every
@@ -119,6 +124,8 @@ class ShardedEmbedding final : public model::TiedEmbedding {
   CommStream::Ticket last_ticket_ = 0;
   Buffer tokens_all_;    // all ranks' tokens, as floats (exact below 2^24)
   Buffer rows_;          // n·B·T rows of C: the exchanges
+  // compression.grad = powersgd: per chunk, its wte rows and its wpe rows as matrices.
+  std::vector<LowRankLayout> lowrank_;
 };
 
 }  // namespace lattice::parallel
