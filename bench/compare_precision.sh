@@ -12,7 +12,9 @@
 #
 # Rows:
 #   lattice-f32        precision.compute=f32: the 1.00 of lattice's ratios
-#   lattice-bf16       precision.compute=bf16
+#   lattice-bf16       precision.compute=bf16 (its GEMMs on the bf16 path this CPU measured faster)
+#   lattice-bf16widen  the same on the portable path (LATTICE_DNNL_BF16=0: what a CPU without
+#                      oneDNN's bf16 matmul, e.g. any AVX2-only one, runs)
 #   lattice-f16        precision.compute=f16 (dynamic loss scale from 2^16)
 #   pytorch-f32        bench/torch_gpt2_bench.py (OpenBLAS, see compare_gpt2.sh)
 #   pytorch-bf16       the same under torch.autocast("cpu", dtype=torch.bfloat16)
@@ -73,6 +75,7 @@ PEAK_JSON=$("$LATTICE_BIN" bench peak --json 2>/dev/null | json_line) || true
 ROWS=(
   "lattice-f32 lattice f32"
   "lattice-bf16 lattice bf16"
+  "lattice-bf16widen lattice bf16"
   "lattice-f16 lattice f16"
   "pytorch-f32 pytorch off"
   "pytorch-bf16 pytorch bf16"
@@ -82,7 +85,7 @@ for run in $(seq 1 "$REPEAT"); do
     read -r name impl compute <<< "$row"
     keep_row "$name" || continue
     if [[ $impl == lattice ]]; then
-      cmd=("$LATTICE_BIN" bench train --set model.n_layer="$L" --set model.n_head="$H" --set model.n_embd="$C"
+      cmd=(env "LATTICE_DNNL_BF16=$([[ $name == *widen ]] && echo 0 || echo auto)" "$LATTICE_BIN" bench train --set model.n_layer="$L" --set model.n_head="$H" --set model.n_embd="$C"
            --set model.vocab_size="$V" --set model.seq_len="$T" --set train.micro_batch_size="$B"
            --set train.threads="$THREADS" --set precision.compute="$compute" --steps "$STEPS" --warmup "$WARMUP"
            --json)
@@ -152,6 +155,10 @@ check("lattice bf16 peak activation bytes <= 0.55x f32", None if r is None else 
 r = tps(bf16) / tps(f32) if tps(bf16) and tps(f32) else None
 check("lattice bf16 tokens/s >= 0.8x f32", None if r is None else r >= 0.8,
       f"{tps(bf16) or 0:.1f} / {tps(f32) or 0:.1f} tok/s = {r or 0:.2f}x")
+widen = best("lattice-bf16widen")[0]
+r = tps(widen) / tps(f32) if tps(widen) and tps(f32) else None
+check("lattice bf16 on the portable GEMM path tokens/s >= 0.8x f32", None if r is None else r >= 0.8,
+      f"{tps(widen) or 0:.1f} / {tps(f32) or 0:.1f} tok/s = {r or 0:.2f}x")
 pt = best("pytorch-bf16")[0]
 if tps(bf16) and tps(pt):
     print(f"  info  lattice bf16 against PyTorch bf16 autocast: {tps(bf16):.1f} / {tps(pt):.1f} tok/s = "

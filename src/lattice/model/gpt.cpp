@@ -1038,15 +1038,19 @@ static void prepare_grads(Slot& s, const CarveSizes& now, const CarveSizes& capa
 static float* dx_of(Slot& s, int i) { return s.split ? s.dx[i] : s.dx[i % 2]; }
 static LayerGrads& dlayer_of(Slot& s, int l) { return s.split ? s.dlayers[l] : s.dlayers[0]; }
 
-void GPT::head_backward_input(Slot& s) {
+void GPT::head_backward_input(Slot& s, bool with_wte) {
   const int64_t N = static_cast<int64_t>(s.B) * s.T, R = rows(N);
   const int C = config_.n_embd, L = local_layers();
   ParamGroup& f = final_group();
   // dlnf = dlogits · wte — under TP this rank's vocabulary columns' share,
   // summed over the group (the head is column-parallel: f's backward). With
-  // SP this rank's rows of the sum land in dlnf's first rows.
+  // SP this rank's rows of the sum land in dlnf's first rows. `with_wte`:
+  // wte's share of the gradient in the same pass over dlogits (the fused
+  // backward, when dlogits are recomputed: once instead of twice).
+  const float* lnf = with_wte ? lnf_of(s) : nullptr;
   for_dlogits(s, [&](const float* dlogits, int64_t r0, int64_t n) {
     tied().head_backward_input(s.dlnf + r0 * C, dlogits, n);
+    if (with_wte) tied().head_backward_weight(dlogits, lnf + r0 * C, n);
   });
   if (tp_) tp_->reduce(s.dlnf, s.dlnf, N, C, "final LayerNorm output gradient");
   // dx_L = LN_f backward (accumulating into zero), this rank's rows
@@ -1055,15 +1059,17 @@ void GPT::head_backward_input(Slot& s) {
   k::layernorm_backward_input(dxL, s.dlnf, x_of(s, L), f.compute_param(kLnfW), s.lnf_mean, s.lnf_rstd, R, C);
 }
 
-void GPT::head_backward_weight(Slot& s) {
+void GPT::head_backward_weight(Slot& s, bool wte_done) {
   const int64_t N = static_cast<int64_t>(s.B) * s.T;
   const int L = local_layers();
   ParamGroup& f = final_group();
   // d wte (+)= dlogitsᵀ · LN_f(x_L)   (the tied head's share of the wte gradient)
-  const float* lnf = lnf_of(s);
-  for_dlogits(s, [&](const float* dlogits, int64_t r0, int64_t n) {
-    tied().head_backward_weight(dlogits, lnf + r0 * config_.n_embd, n);
-  });
+  if (!wte_done) {
+    const float* lnf = lnf_of(s);
+    for_dlogits(s, [&](const float* dlogits, int64_t r0, int64_t n) {
+      tied().head_backward_weight(dlogits, lnf + r0 * config_.n_embd, n);
+    });
+  }
   layernorm_weight_grads_sp(f, kLnfW, kLnfB, s.dlnf, x_of(s, L), s.lnf_mean, s.lnf_rstd, rows(N), s.ln_scratch);
 }
 
@@ -1218,8 +1224,12 @@ void GPT::backward(int slot_index) {
   LATTICE_CHECK(s.has_forward && !s.has_backward_input,
                 "backward on micro-batch slot " << slot_index << " without a pending forward");
   prepare_grads(s, grad_sizes(s), grad_sizes(s, true), false);
-  head_input_with_hooks(s);
-  head_weight_with_hooks(s);
+  if (last_stage() && s.store != DType::F32 && !s.keep_logits) {
+    head_recomputed_with_hooks(s);
+  } else {
+    head_input_with_hooks(s);
+    head_weight_with_hooks(s);
+  }
   for (int l = local_layers() - 1; l >= 0; l--) {
     params_in(block_index(first_layer_ + l), Pass::Backward);
     layer_backward_input(s, l);
@@ -1266,6 +1276,22 @@ void GPT::head_input_with_hooks(Slot& s) {
   head_backward_input(s);
   params_out(embedding_index(), Pass::Backward);
   params_out(final_index(), Pass::Backward);
+}
+
+// The fused backward's head when dlogits are recomputed (16-bit storage,
+// local head): one pass over the chunks gives dlnf and wte's share; the
+// hooks see the head's parameters in and its gradients written as usual.
+void GPT::head_recomputed_with_hooks(Slot& s) {
+  params_in(embedding_index(), Pass::Backward);
+  params_in(final_index(), Pass::Backward);
+  grads_in(embedding_index());
+  grads_in(final_index());
+  head_backward_input(s, true);
+  params_out(embedding_index(), Pass::Backward);
+  params_out(final_index(), Pass::Backward);
+  head_backward_weight(s, true);
+  grads_out(final_index());
+  if (!first_stage()) grads_out(embedding_index());
 }
 
 void GPT::head_weight_with_hooks(Slot& s) {

@@ -310,8 +310,9 @@ class GPT {
   void forward_body(Slot& s, const int32_t* inputs, const float* input);
   void layer_backward_input(Slot& s, int l);
   void layer_backward_weight(Slot& s, int l);
-  void head_backward_input(Slot& s);
-  void head_backward_weight(Slot& s);
+  void head_backward_input(Slot& s, bool with_wte = false);
+  void head_backward_weight(Slot& s, bool wte_done = false);
+  void head_recomputed_with_hooks(Slot& s);
   void head_input_with_hooks(Slot& s);
   void head_weight_with_hooks(Slot& s);
   void embedding_weight_with_hooks(Slot& s);

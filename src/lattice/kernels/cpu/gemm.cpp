@@ -482,6 +482,36 @@ const uint16_t* constant_bf16(const float* p, int64_t rows, int64_t cols, int64_
   return c.bf16.as<uint16_t>() + at;
 }
 
+// Whether [p, p + rows·ld) lies in a registered constant (its values are bf16 values already).
+bool in_constant(const float* p, int64_t rows, int64_t cols, int64_t ld) {
+  std::lock_guard<std::mutex> lock(g_constants_mutex);
+  auto it = g_constants.upper_bound(p);
+  if (it == g_constants.begin()) return false;
+  --it;
+  const int64_t at = p - it->first;
+  return at >= 0 && at + (rows - 1) * ld + cols <= it->second.n;
+}
+
+// The portable path's operand: a constant as it is (it holds bf16 values,
+// exact in f32), anything else rounded to bf16 into this thread's f32
+// workspace `slot` (leading dimension cols) — then dnnl_sgemm multiplies
+// exactly the bf16 products oneDNN's bf16 matmul would.
+const float* rounded_operand(const float* p, int64_t rows, int64_t cols, int64_t ld, int slot, int64_t* ld_out) {
+  if (in_constant(p, rows, cols, ld)) {
+    *ld_out = ld;
+    return p;
+  }
+  thread_local Buffer scratch[2];
+  Buffer& b = scratch[slot];
+  const size_t bytes = static_cast<size_t>(rows * cols) * sizeof(float);
+  if (b.bytes() < bytes) b.ensure(bytes, MemCategory::Workspace);
+  float* out = b.as<float>();
+  for (int64_t r = 0; r < rows; r++) std::memcpy(out + r * cols, p + r * ld, sizeof(float) * cols);
+  round_to(DType::BF16, out, rows * cols);
+  *ld_out = cols;
+  return out;
+}
+
 // op's stored rows × cols at bf16: a constant's copy, or converted into this
 // thread's workspace `slot` (leading dimension cols).
 const uint16_t* bf16_operand(const float* p, int64_t rows, int64_t cols, int64_t ld, int slot, int64_t* ld16) {
@@ -543,6 +573,12 @@ size_t gemm_constant_bytes() {
 
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
           const void* B, int64_t ldb, float beta, float* C, int64_t ldc, DType ab_type) {
+  if (ab_type == DType::F32 && g_bf16_operands && M > 0 && N > 0 && K > 0 && !gemm_paths().bf16_uses_primitive()) {
+    int64_t lda_r = 0, ldb_r = 0;
+    const float* a = rounded_operand(static_cast<const float*>(A), trans_a ? K : M, trans_a ? M : K, lda, 0, &lda_r);
+    const float* b = rounded_operand(static_cast<const float*>(B), trans_b ? N : K, trans_b ? K : N, ldb, 1, &ldb_r);
+    return cpu::gemm_dnnl_sgemm(trans_a, trans_b, M, N, K, alpha, a, lda_r, b, ldb_r, beta, C, ldc);
+  }
   if (ab_type == DType::F32 && g_bf16_operands && M > 0 && N > 0 && K > 0) {
     int64_t lda16 = 0, ldb16 = 0;
     const uint16_t* a = bf16_operand(static_cast<const float*>(A), trans_a ? K : M, trans_a ? M : K, lda, 0, &lda16);
