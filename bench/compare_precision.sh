@@ -123,26 +123,26 @@ print(f"CPU: {peak.get('cpu', '?')}, ISA {peak.get('isa', '?')}"
       + (f", {peak['bf16_gflops_per_core']:.1f} bf16" if peak.get("bf16_gflops_per_core") else ""))
 print(f"model L={L} C={C} H={H} V={V}, B={B} T={T}, {threads} threads, steps={steps} warmup={warmup} repeat={repeat}"
       + (" (--quick: a smoke test, not a measurement)" if quick == "1" else ""))
-hdr = (f"{'row':<14} {'tok/s':>8} {'x f32':>5} {'activ MiB':>9} {'x f32':>5} {'stored MiB':>10} {'x f32':>5} "
+hdr = (f"{'row':<18} {'tok/s':>8} {'x f32':>5} {'activ MiB':>9} {'x f32':>5} {'stored MiB':>10} {'x f32':>5} "
        f"{'peak MiB':>9} {'loss':>7}")
 print(hdr)
 print("-" * len(hdr))
 for row in results.order:
     d, rng = best(row)
     if d is None:
-        print(f"{row:<14} {'failed':>8}")
+        print(f"{row:<18} {'failed':>8}")
         continue
     base = best(row.rsplit("-", 1)[0] + "-f32")[0]
     lat = d.get("impl") == "lattice"
     peak_mem = d.get("peak_mem_bytes") if lat else d.get("peak_rss_bytes")
-    print(f"{row:<14} {tps(d):8.1f} {ratio(tps(d), tps(base))} "
+    print(f"{row:<18} {tps(d):8.1f} {ratio(tps(d), tps(base))} "
           f"{mib(d.get('activations_bytes') if lat else None)} "
           f"{ratio(d.get('activations_bytes'), (base or {}).get('activations_bytes')) if lat else '     '} "
           f"{mib(d.get('stored_activation_bytes') if lat else None):>10} "
           f"{ratio(d.get('stored_activation_bytes'), (base or {}).get('stored_activation_bytes')) if lat else '     '} "
           f"{mib(peak_mem)} {d.get('loss_last', 0):7.4f}")
     if repeat > 1 and rng:
-        print(f"{'':<14} tok/s {rng[0]:.1f}-{rng[1]:.1f}")
+        print(f"{'':<18} tok/s {rng[0]:.1f}-{rng[1]:.1f}")
 print("  peak: lattice's tracked buffers (compute copies included); PyTorch's process RSS")
 
 print("\ntargets:")

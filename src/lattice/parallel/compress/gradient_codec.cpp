@@ -9,6 +9,7 @@
 
 #include "lattice/core/dtype.h"
 #include "lattice/core/error.h"
+#include "lattice/kernels/ops.h"
 
 namespace lattice::parallel {
 
@@ -69,9 +70,15 @@ void visit(const CodecSpec& spec, const void* payload, int64_t n, Put put) {
     }
     case GradCodec::BF16:
     case GradCodec::F16: {
+      // Widened a block at a time by the vectorised converters (exact).
       const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-      const bool bf = spec.codec == GradCodec::BF16;
-      for (int64_t i = 0; i < n; i++) put(i, bf ? bf16_to_f32(h[i]) : f16_to_f32(h[i]));
+      const DType t = spec.codec == GradCodec::BF16 ? DType::BF16 : DType::F16;
+      float block[1024];
+      for (int64_t b = 0; b < n; b += 1024) {
+        const int64_t m = std::min<int64_t>(1024, n - b);
+        kernels::load_16bit(t, h + b, block, m);
+        for (int64_t i = 0; i < m; i++) put(b + i, block[i]);
+      }
       return;
     }
     case GradCodec::Int8: {
@@ -83,9 +90,14 @@ void visit(const CodecSpec& spec, const void* payload, int64_t n, Put put) {
     case GradCodec::OneBit: {
       const float* scale = reinterpret_cast<const float*>(p);
       const uint8_t* bits = p + 4 * blocks_of(n);
-      for (int64_t i = 0; i < n; i++) {
-        const float s = scale[i / kCodecBlock];
-        put(i, (bits[i / 8] >> (i % 8)) & 1 ? s : -s);
+      for (int64_t lo = 0; lo < n; lo += kCodecBlock) {  // blocks start on whole bytes (256 = 32 · 8)
+        const int64_t hi = std::min(n, lo + kCodecBlock);
+        const float s = scale[lo / kCodecBlock];
+        for (int64_t j = lo / 8; j * 8 < hi; j++) {
+          const unsigned byte = bits[j];  // in a register: put's stores may alias the payload's bytes
+          const int64_t end = std::min<int64_t>(8, hi - j * 8);
+          for (int64_t k = 0; k < end; k++) put(j * 8 + k, (byte >> k) & 1u ? s : -s);
+        }
       }
       return;
     }
@@ -136,12 +148,10 @@ void encode(const CodecSpec& spec, const float* x, int64_t n, void* payload, flo
       std::memcpy(p, x, 4 * static_cast<size_t>(n));
       break;
     case GradCodec::BF16:
-    case GradCodec::F16: {
-      uint16_t* h = reinterpret_cast<uint16_t*>(p);
-      const bool bf = spec.codec == GradCodec::BF16;
-      for (int64_t i = 0; i < n; i++) h[i] = bf ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+    case GradCodec::F16:
+      kernels::store_16bit(spec.codec == GradCodec::BF16 ? DType::BF16 : DType::F16, x,
+                           reinterpret_cast<uint16_t*>(p), n);
       break;
-    }
     case GradCodec::Int8: {
       float* scale = reinterpret_cast<float*>(p);
       int8_t* q = reinterpret_cast<int8_t*>(p + 4 * blocks_of(n));
@@ -151,9 +161,15 @@ void encode(const CodecSpec& spec, const float* x, int64_t n, void* payload, flo
         for (int64_t i = lo; i < hi; i++) m = std::max(m, magnitude(x[i]));
         const float s = m / 127.0f;
         scale[b] = std::isfinite(m) ? s : std::numeric_limits<float>::quiet_NaN();  // a non-finite block stays so
-        for (int64_t i = lo; i < hi; i++)
-          q[i] = s > 0 && std::isfinite(s) ? static_cast<int8_t>(std::clamp(std::lrint(x[i] / s), -127L, 127L))
-                                           : int8_t{0};
+        if (!(s > 0 && std::isfinite(s))) continue;  // q stays 0
+        // q = lrint(x / s) clamped to ±127, as a loop GCC vectorises: adding
+        // and subtracting 1.5·2^23 rounds a float of magnitude < 2^22 to the
+        // nearest integer, ties to even — lrint's rounding, bit for bit.
+        constexpr float kRound = 12582912.0f;
+        for (int64_t i = lo; i < hi; i++) {
+          const float v = std::clamp(x[i] / s, -127.0f, 127.0f);
+          q[i] = static_cast<int8_t>((v + kRound) - kRound);
+        }
       }
       break;
     }
@@ -165,8 +181,11 @@ void encode(const CodecSpec& spec, const float* x, int64_t n, void* payload, flo
         double sum = 0;
         for (int64_t i = lo; i < hi; i++) sum += std::fabs(x[i]);
         scale[b] = static_cast<float>(sum / static_cast<double>(hi - lo));
-        for (int64_t i = lo; i < hi; i++)
-          if (!(x[i] < 0)) bits[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+        for (int64_t j = lo / 8; j * 8 < hi; j++) {  // a byte of signs at a time (lo is a multiple of 8)
+          uint8_t byte = 0;
+          for (int64_t k = 0; k < 8 && j * 8 + k < hi; k++) byte |= static_cast<uint8_t>(!(x[j * 8 + k] < 0)) << k;
+          bits[j] = byte;
+        }
       }
       break;
     }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "lattice/core/error.h"
+#include "lattice/core/threads.h"
 
 namespace lattice::parallel {
 
@@ -72,6 +73,9 @@ CommStream::~CommStream() {
 }
 
 void CommStream::thread_main(std::shared_ptr<Shared> shared) {
+  // What runs here (the codecs' loops) runs on this thread alone: an OpenMP
+  // team of its own would take the compute threads' cores.
+  set_num_threads(1);
   for (;;) {
     Op op;
     {
