@@ -57,8 +57,12 @@ TEST(LossScaler, StaticScaleSkipsOverflowsAndNeverMoves) {
   LossScaler s(c);
   for (int i = 0; i < 5; i++) EXPECT_TRUE(s.update(true));
   EXPECT_FALSE(s.update(false));
+  EXPECT_FALSE(s.update(false));
+  EXPECT_EQ(s.skipped_in_a_row(), 2);
   EXPECT_EQ(s.scale(), 128);
-  EXPECT_EQ(s.skipped(), 1);
+  EXPECT_EQ(s.skipped(), 2);
+  EXPECT_TRUE(s.update(true));
+  EXPECT_EQ(s.skipped_in_a_row(), 0);
   EXPECT_EQ(s.describe(), "static loss scale 128");
   const LossScaler none;  // f32 and bf16: scale 1
   EXPECT_EQ(none.scale(), 1);

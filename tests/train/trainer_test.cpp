@@ -288,6 +288,31 @@ TEST(Trainer, RefusesTensorParallelDegreesThatCannotCutTheModel) {
             "group (parallel.tp=1)");
 }
 
+// f16 whose gradients overflow at any scale it may use stops with the reason
+// instead of skipping every step: at the dynamic scale's floor, or after 10
+// overflows in a row at a static scale.
+TEST(Trainer, F16ThatCannotHoldTheGradientsStopsSayingWhy) {
+  io::RunConfig cfg = tiny_run();
+  cfg.precision.compute = "f16";
+  cfg.precision.loss_scale_init = 1e9;
+  cfg.precision.loss_scale_min = 1e8;
+  std::string msg = error_of([&] {
+    train::Trainer t(cfg, {false});
+    for (int s = 0; s < 10; s++) t.train_step();
+  });
+  EXPECT_NE(msg.find("the gradients overflow at the dynamic loss scale's floor precision.loss_scale_min=1e+08"),
+            std::string::npos)
+      << msg;
+  cfg = tiny_run();
+  cfg.precision.compute = "f16";
+  cfg.precision.loss_scale = 1e9;
+  msg = error_of([&] {
+    train::Trainer t(cfg, {false});
+    for (int s = 0; s < 20; s++) t.train_step();
+  });
+  EXPECT_NE(msg.find("the static loss scale 1e+09, 10 steps in a row"), std::string::npos) << msg;
+}
+
 TEST(Trainer, RefusesMeshMismatchAndUnimplementedFeatures) {
   io::RunConfig cfg = tiny_run();
   cfg.parallel.tp = 2;

@@ -18,6 +18,7 @@ LossScaler::LossScaler(const LossScalerConfig& config) : config_(config), scale_
 
 bool LossScaler::update(bool finite) {
   last_skipped_ = !finite;
+  in_a_row_ = finite ? 0 : in_a_row_ + 1;
   if (!finite) {
     skipped_++;
     clean_ = 0;

@@ -17,7 +17,9 @@
 //               steps in a row S ← S · growth (DeepSpeed and PyTorch's
 //               GradScaler do the same; defaults: 2^16, 0.5, ×2 after 1000).
 // A static scale (precision.loss_scale = a number) never changes; its
-// overflowing steps are skipped too. bf16 has f32's exponent range and
+// overflowing steps are skipped too. The trainer stops the run, saying
+// why, when a step overflows at the dynamic scale's floor (it can go no
+// lower) or a static scale overflows kStaticSkipLimit steps in a row. bf16 has f32's exponent range and
 // needs no scale (the trainer runs it with S = 1 and says so).
 //
 // The state (scale, clean count, skipped total) is saved in checkpoints'
@@ -28,6 +30,9 @@
 #include <string>
 
 namespace lattice::train {
+
+// A static scale that overflows this many steps in a row stops the run.
+constexpr int64_t kStaticSkipLimit = 10;
 
 struct LossScalerConfig {
   bool dynamic = true;
@@ -47,7 +52,8 @@ class LossScaler {
   // Applies the step (true) or skips it (false), and moves the scale.
   bool update(bool finite);
 
-  int64_t skipped() const { return skipped_; }    // steps skipped so far
+  int64_t skipped() const { return skipped_; }  // steps skipped so far
+  int64_t skipped_in_a_row() const { return in_a_row_; }
   int64_t clean_steps() const { return clean_; }  // finite steps since the scale last changed
   bool last_skipped() const { return last_skipped_; }
   const LossScalerConfig& config() const { return config_; }
@@ -60,7 +66,7 @@ class LossScaler {
  private:
   LossScalerConfig config_;
   double scale_;
-  int64_t clean_ = 0, skipped_ = 0;
+  int64_t clean_ = 0, skipped_ = 0, in_a_row_ = 0;
   bool last_skipped_ = false;
 };
 

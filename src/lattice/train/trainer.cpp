@@ -293,6 +293,14 @@ bool Trainer::apply_update(double loss, double norm) {
   float bad = std::isfinite(norm) ? 0.0f : 1.0f;
   if (mesh_->world().size() > 1) mesh_->world().all_reduce(&bad, 1, DType::F32, comm::ReduceOp::Max);
   const double scale = scaler_.scale();
+  const LossScalerConfig& sc = scaler_.config();
+  LATTICE_CHECK(bad == 0.0f || (sc.dynamic ? scale > sc.min_scale : scaler_.skipped_in_a_row() + 1 < kStaticSkipLimit),
+                "step " << step_ + 1 << ": the gradients overflow at "
+                        << (sc.dynamic ? "the dynamic loss scale's floor precision.loss_scale_min="
+                                       : "the static loss scale ")
+                        << scale << (sc.dynamic ? "" : ", " + std::to_string(kStaticSkipLimit) + " steps in a row")
+                        << ": f16 cannot hold this run's gradients; lower optim.lr, check the data, or use "
+                           "precision.compute=\"bf16\"");
   const bool apply = scaler_.update(bad == 0.0f);
   if (!apply && is_root_ && options_.print) {
     std::printf("lattice: step %lld: gradients overflowed at loss scale %g on some rank; the step is skipped "
