@@ -616,4 +616,25 @@ TEST(MixedPrecision, ComputeCopiesFollowTheMasters) {
   EXPECT_EQ(a.evaluate(in.data(), tg.data(), B, T), lb);
   EXPECT_THROW(a.decode(in.data(), 1), Error) << "generation runs at f32";
 }
+
+// The f32 work arrays are shared by the slots: an evaluation of another size
+// between a micro-batch's forward and its backward (which then loads the
+// slot's 16-bit copies back) changes nothing in its gradients.
+TEST(MixedPrecision, AnotherSizeInBetweenChangesNothing) {
+  const ModelConfig c = mp_config();
+  const int B = 4, T = 64;
+  auto in = random_tokens(B * T, c.vocab_size, 61), tg = random_tokens(B * T, c.vocab_size, 62);
+  GPT a(c, 11), b(c, 11);
+  a.set_compute_dtype(DType::BF16);
+  b.set_compute_dtype(DType::BF16);
+  a.forward(0, in.data(), tg.data(), B, T, 1.0f);
+  a.backward(0);
+  b.forward(0, in.data(), tg.data(), B, T, 1.0f);
+  b.evaluate(in.data(), tg.data(), 1, 16);  // slot 0 is busy: a slot of its own, 16 tokens
+  b.backward_input(0);
+  b.evaluate(in.data(), tg.data(), 2, 32);
+  b.backward_weight(0);
+  const auto ga = grads_of(a), gb = grads_of(b);
+  for (size_t g = 0; g < ga.size(); g++) ASSERT_EQ(0, std::memcmp(ga[g].data(), gb[g].data(), ga[g].size() * 4)) << g;
+}
 }  // namespace

@@ -114,7 +114,8 @@ const RunResult& reference(const std::string& compute) {
 std::string describe(const io::RunConfig& c) {
   return c.precision.compute + " dp" + std::to_string(c.parallel.dp) + " tp" + std::to_string(c.parallel.tp) +
          (c.parallel.sequence_parallel ? " SP" : "") + " pp" + std::to_string(c.parallel.pp) + " ZeRO-" +
-         std::to_string(c.parallel.zero_stage) + (c.zero.offload == "disk" ? " offload" : "");
+         std::to_string(c.parallel.zero_stage) + (c.zero.offload == "disk" ? " offload" : "") +
+         (c.compression.grad != "none" ? " " + c.compression.grad : "");
 }
 
 io::RunConfig layout(const std::string& compute, int dp, int tp, int pp, int zero) {
@@ -170,10 +171,15 @@ TEST(Precision, EveryLayoutTrainsItsOwnOneProcessModel) {
 // over ranks is not finite anywhere, every rank skips the update, and the
 // dynamic scale halves. Parameters after step 4 are bit-identical to those
 // after step 3; step 5 trains again. At ZeRO 0 (all-reduce) and ZeRO-1
-// (reduce-scatter: each rank sees only its slices' sums) and over a pipeline.
+// (reduce-scatter: each rank sees only its slices' sums), over a pipeline,
+// and with int8 and onebit compression and their error feedback.
 TEST(LossScale, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
-  for (int variant = 0; variant < 3; variant++) {
+  for (int variant = 0; variant < 5; variant++) {
     io::RunConfig c = variant < 2 ? layout("f16", 2, 1, 1, variant) : layout("f16", 1, 1, 2, 0);
+    // Compressed, with error feedback: the overflowed step's errors must not
+    // be carried (they would poison every later step).
+    if (variant == 3) c = layout("f16", 2, 1, 1, 0), c.compression.grad = "int8";
+    if (variant == 4) c = layout("f16", 2, 1, 1, 1), c.compression.grad = "onebit";
     c.precision.loss_scale_init = 1024;
     train::TrainerOptions o;
     o.print = false;

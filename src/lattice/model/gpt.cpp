@@ -70,7 +70,7 @@ using PackedLayer = LayerArrays<uint16_t>;
 // computes at a time); `holds` says which slot's layer is loaded.
 struct Work16 {
   Buffer mem;
-  int64_t capacity_tokens = 0;
+  int64_t carved_tokens = 0;  // the micro-batch size the arrays are carved for
   LayerActs layer{};         // the f32 arrays (statistics: the slot's)
   float* x[2] = {nullptr, nullptr};  // the residual stream in and out of a layer [R, C]
   float* lnf = nullptr;      // [N, C]
@@ -482,8 +482,8 @@ void GPT::set_tied_embedding(TiedEmbedding* embedding) {
   for (const auto& s : slots_)
     LATTICE_CHECK(!s || !s->has_forward, "set_tied_embedding with a micro-batch in flight");
   custom_embedding_ = embedding;
-  // The 16-bit head depends on it (local_head): slots are carved again at their next use.
-  if (compute_ != DType::F32) slots_.clear(), eval_slot_.reset();
+  // The 16-bit head depends on it (local_head): slots and work arrays are carved again at their next use.
+  if (compute_ != DType::F32) slots_.clear(), eval_slot_.reset(), work16_.reset();
 }
 
 size_t GPT::slot_bytes(int B, int T) const {
@@ -545,16 +545,7 @@ Slot& GPT::slot(int index, int B, int T) {
   s.B = B;
   s.T = T;
   carve_activations(&s, s.act_mem.data(), z);
-  if (compute_ != DType::F32) {
-    if (!work16_) work16_ = std::make_unique<Work16>();
-    Work16& w = *work16_;
-    if (N > w.capacity_tokens) {
-      w.mem = Buffer(carve_work16(nullptr, nullptr, z, head_rows(N)), MemCategory::Activations);
-      w.capacity_tokens = N;
-    }
-    carve_work16(&w, w.mem.data(), z, head_rows(N));
-    w.forget();
-  }
+  if (compute_ != DType::F32) work16_for(s).forget();  // a new forward: the work arrays hold nothing yet
   s.inputs = s.token_mem.as<int32_t>();
   s.rows = s.inputs + N;
   s.targets = compute_ != DType::F32 ? s.rows + N : nullptr;
@@ -626,7 +617,7 @@ static void load_layer(DType t, PackedLayer p, LayerActs a, const CarveSizes& z)
 // layer already, with the slot's statistics.
 const LayerActs& GPT::layer_acts(Slot& s, int l) {
   if (s.store == DType::F32) return s.layers[l];
-  Work16& w = *work16_;
+  Work16& w = work16_for(s);
   if (w.holds == &s && w.holds_layer == l) return w.layer;
   const LayerActs& a = work_layer(s, l);
   load_layer(s.store, s.packed[l], a, sizes_for(static_cast<int64_t>(s.B) * s.T));
@@ -636,7 +627,7 @@ const LayerActs& GPT::layer_acts(Slot& s, int l) {
 // The residual stream x_i of slot s in f32 (rows(N) × C).
 const float* GPT::x_of(Slot& s, int i) {
   if (s.store == DType::F32) return s.x[i];
-  Work16& w = *work16_;
+  Work16& w = work16_for(s);
   if (w.holds_x != &s || w.holds_x_index != i) {
     const int64_t N = static_cast<int64_t>(s.B) * s.T;
     k::load_16bit(s.store, s.x16[i], w.x[0], rows(N) * config_.n_embd);
@@ -649,8 +640,9 @@ const float* GPT::x_of(Slot& s, int i) {
 const float* GPT::lnf_of(Slot& s) {
   if (s.store == DType::F32) return s.lnf;
   const int64_t N = static_cast<int64_t>(s.B) * s.T;
-  k::load_16bit(s.store, s.lnf16, work16_->lnf, N * config_.n_embd);
-  return work16_->lnf;
+  Work16& w = work16_for(s);
+  k::load_16bit(s.store, s.lnf16, w.lnf, N * config_.n_embd);
+  return w.lnf;
 }
 
 void GPT::params_in(size_t g, Pass pass) {
@@ -711,7 +703,7 @@ void GPT::forward_body(Slot& s, const int32_t* inputs, const float* input) {
   ParamGroup& f = final_group();
   // LN_f into this rank's rows of lnf, then (SP) gathered in place: the head
   // is column-parallel over the vocabulary and reads every row.
-  float* lnf = s.store == DType::F32 ? s.lnf : work16_->lnf;
+  float* lnf = s.store == DType::F32 ? s.lnf : work16_for(s).lnf;
   float* lnf_rows = lnf + first_row(N) * C;
   k::layernorm_forward(lnf_rows, s.lnf_mean, s.lnf_rstd, x_buf(s, L), f.compute_param(kLnfW),
                        f.compute_param(kLnfB), R, C);
@@ -724,7 +716,24 @@ void GPT::forward_body(Slot& s, const int32_t* inputs, const float* input) {
 
 // The forward's residual stream x_i: the slot's own at f32; with 16-bit
 // storage one of the two work buffers (a layer reads x_i and writes x_{i+1}).
-float* GPT::x_buf(Slot& s, int i) { return s.store == DType::F32 ? s.x[i] : work16_->x[i % 2]; }
+float* GPT::x_buf(Slot& s, int i) { return s.store == DType::F32 ? s.x[i] : work16_for(s).x[i % 2]; }
+
+// The 16-bit path's work arrays, carved for slot s's micro-batch (two slots
+// of different sizes may be in flight: carving for the other one forgets
+// what the arrays held).
+Work16& GPT::work16_for(const Slot& s) {
+  if (!work16_) work16_ = std::make_unique<Work16>();
+  Work16& w = *work16_;
+  const int64_t N = static_cast<int64_t>(s.B) * s.T;
+  if (w.carved_tokens == N) return w;
+  const CarveSizes z = sizes_for(N);
+  const size_t bytes = static_cast<size_t>(carve_work16(nullptr, nullptr, z, head_rows(N)));
+  if (w.mem.bytes() < bytes) w.mem = Buffer(bytes, MemCategory::Activations);
+  carve_work16(&w, w.mem.data(), z, head_rows(N));
+  w.carved_tokens = N;
+  w.forget();
+  return w;
+}
 
 // x_i is complete: with 16-bit storage it is rounded and stored.
 void GPT::keep_x(Slot& s, int i) {
@@ -737,7 +746,7 @@ void GPT::keep_x(Slot& s, int i) {
 
 // The work arrays a forward of slot s's layer l computes in (statistics written into the slot).
 const LayerActs& GPT::work_layer(Slot& s, int l) {
-  Work16& w = *work16_;
+  Work16& w = work16_for(s);
   const LayerActs& stats = s.layers[l];
   w.layer.ln1_mean = stats.ln1_mean, w.layer.ln1_rstd = stats.ln1_rstd, w.layer.lse = stats.lse;
   w.layer.ln2_mean = stats.ln2_mean, w.layer.ln2_rstd = stats.ln2_rstd;
@@ -772,7 +781,7 @@ void GPT::head_and_loss(Slot& s, const int32_t* targets, bool backward, float dl
     loss(s.logits, s.losses, targets, N, backward, dloss);
     return;
   }
-  Work16& w = *work16_;
+  Work16& w = work16_for(s);
   const float* lnf = w.lnf;  // the forward's, still there
   const int64_t Vw = dims_.V;
   const bool keep = backward && s.keep_logits;
@@ -795,7 +804,7 @@ template <typename Fn>
 void GPT::for_dlogits(Slot& s, Fn fn) {
   const int64_t N = static_cast<int64_t>(s.B) * s.T;
   if (s.store == DType::F32) return fn(static_cast<const float*>(s.logits), int64_t{0}, N);
-  Work16& w = *work16_;
+  Work16& w = work16_for(s);
   const int64_t Vw = dims_.V, C = config_.n_embd;
   const float* lnf = s.keep_logits ? nullptr : lnf_of(s);
   for (int64_t r0 = 0; r0 < N; r0 += w.head_rows) {

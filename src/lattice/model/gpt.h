@@ -295,6 +295,7 @@ class GPT {
   float* x_buf(Slot& s, int i);
   void keep_x(Slot& s, int i);
   const LayerActs& work_layer(Slot& s, int l);
+  Work16& work16_for(const Slot& s);
   const LayerActs& layer_acts(Slot& s, int l);
   const float* x_of(Slot& s, int i);
   const float* lnf_of(Slot& s);

@@ -110,6 +110,7 @@ std::string Trainer::save_checkpoint() {
   meta.set("loss_scale", io::JsonValue::number(scaler_.scale()));
   meta.set("loss_scale_clean_steps", io::JsonValue::integer(scaler_.clean_steps()));
   meta.set("loss_scale_skipped", io::JsonValue::integer(scaler_.skipped()));
+  meta.set("loss_scale_skipped_in_a_row", io::JsonValue::integer(scaler_.skipped_in_a_row()));
   meta.set("train_loader", train_data_->state());
   meta.set("saved_by", io::JsonValue::string("parallel.pp=" + std::to_string(config_.parallel.pp) +
                                              " parallel.dp=" + std::to_string(config_.parallel.dp) +
@@ -194,10 +195,12 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
   // f16: the loss scale goes on where it was (a checkpoint of another
   // precision, or one from before the scaler was saved, starts it afresh).
   if (compute_ == DType::F16 && saved.precision.compute == "f16" && meta.find("loss_scale_clean_steps")) {
-    int64_t clean = 0, skipped = 0;
-    LATTICE_CHECK(meta.at("loss_scale_clean_steps").get_i64(&clean) && meta.at("loss_scale_skipped").get_i64(&skipped),
+    int64_t clean = 0, skipped = 0, in_a_row = 0;
+    const io::JsonValue* row = meta.find("loss_scale_skipped_in_a_row");
+    LATTICE_CHECK(meta.at("loss_scale_clean_steps").get_i64(&clean) && meta.at("loss_scale_skipped").get_i64(&skipped) &&
+                      (!row || row->get_i64(&in_a_row)),
                   "checkpoint '" << step_dir << "/meta.json' has a malformed loss-scaler state");
-    scaler_.restore(meta.at("loss_scale").as_double(), clean, skipped);
+    scaler_.restore(meta.at("loss_scale").as_double(), clean, skipped, in_a_row);
   }
   if (is_root_ && options_.print) {
     std::printf("lattice: resumed from %s (step %lld)\n", step_dir.c_str(), static_cast<long long>(step));

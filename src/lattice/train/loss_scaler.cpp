@@ -43,12 +43,14 @@ std::string LossScaler::describe() const {
   return s.str();
 }
 
-void LossScaler::restore(double scale, int64_t clean, int64_t skipped) {
-  LATTICE_CHECK(scale > 0 && std::isfinite(scale) && clean >= 0 && skipped >= 0,
+void LossScaler::restore(double scale, int64_t clean, int64_t skipped, int64_t skipped_in_a_row) {
+  LATTICE_CHECK(scale > 0 && std::isfinite(scale) && clean >= 0 && skipped >= 0 && skipped_in_a_row >= 0 &&
+                    skipped_in_a_row <= skipped,
                 "malformed loss-scaler state: scale " << scale << ", clean steps " << clean << ", skipped " << skipped);
   scale_ = scale;
   clean_ = clean;
   skipped_ = skipped;
+  in_a_row_ = skipped_in_a_row;
 }
 
 }  // namespace lattice::train

@@ -61,7 +61,7 @@ class LossScaler {
   std::string describe() const;
 
   // Checkpoint state.
-  void restore(double scale, int64_t clean, int64_t skipped);
+  void restore(double scale, int64_t clean, int64_t skipped, int64_t skipped_in_a_row = 0);
 
  private:
   LossScalerConfig config_;

@@ -302,6 +302,12 @@ bool Trainer::apply_update(double loss, double norm) {
                         << ": f16 cannot hold this run's gradients; lower optim.lr, check the data, or use "
                            "precision.compute=\"bf16\"");
   const bool apply = scaler_.update(bad == 0.0f);
+  // Compression's error feedback holds scaled gradients: it follows the scale,
+  // and a skipped step's errors are dropped.
+  if (config_.compression.grad != "none" && config_.compression.error_feedback && (!apply || scaler_.scale() != scale)) {
+    parallel::GradientReducer& r = pipe_ ? pipe_->optimizer->reducer() : dp_->reducer();
+    r.scale_errors(apply ? static_cast<float>(scaler_.scale() / scale) : 0.0f);
+  }
   if (!apply && is_root_ && options_.print) {
     std::printf("lattice: step %lld: gradients overflowed at loss scale %g on some rank; the step is skipped "
                 "everywhere (%lld skipped so far), loss scale now %g\n",

@@ -1,5 +1,6 @@
 #include "lattice/parallel/compress/gradient_reducer.h"
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -68,6 +69,26 @@ size_t GradientReducer::error_bytes() const {
   return b + powersgd_.state_bytes();
 }
 
+void GradientReducer::scale_errors(float f) {
+  stream_.wait_all();
+  auto scale = [f](Buffer& b) {
+    float* e = b.as<float>();
+    const size_t n = b.bytes() / sizeof(float);
+    for (size_t i = 0; i < n; i++) e[i] = f == 0.0f ? 0.0f : e[i] * f;
+  };
+  for (auto& [key, e] : errors_) scale(e.worker), scale(e.server);
+  powersgd_.scale_errors(f);
+}
+
+// err = x - decoded, where finite: a non-finite value (an overflow, whose
+// step is skipped) is not carried into the next step.
+static void carry_error(float* err, const float* x, const float* decoded, int64_t k) {
+  for (int64_t i = 0; i < k; i++) {
+    const float d = x[i] - decoded[i];
+    err[i] = std::isfinite(d) ? d : 0.0f;
+  }
+}
+
 void GradientReducer::compressed_scatter(comm::Communicator& comm, float* chunk, int64_t k, float* sum, Errors* e) {
   const int n = comm.size();
   const CodecSpec& spec = options_.spec;
@@ -85,7 +106,7 @@ void GradientReducer::compressed_scatter(comm::Communicator& comm, float* chunk,
       float* err = ew + static_cast<int64_t>(j) * k;
       for (int64_t i = 0; i < k; i++) x[i] += err[i];
       encode(spec, x, k, s.send.data() + P * j, s.decoded.data());
-      for (int64_t i = 0; i < k; i++) err[i] = x[i] - s.decoded[i];
+      carry_error(err, x, s.decoded.data(), k);
     } else {
       encode(spec, x, k, s.send.data() + P * j, nullptr);
     }
@@ -119,7 +140,7 @@ CommStream::Ticket GradientReducer::all_reduce(int64_t key, float* chunk, int64_
       float* es = e->server.as<float>();
       for (int64_t i = 0; i < k; i++) y[i] += es[i];
       encode(spec, y, k, mine, s.decoded.data());
-      for (int64_t i = 0; i < k; i++) es[i] = y[i] - s.decoded[i];
+      carry_error(es, y, s.decoded.data(), k);
     } else {
       encode(spec, y, k, mine, nullptr);
     }

@@ -124,6 +124,12 @@ class GradientReducer {
                                             int64_t k, float* dst, int64_t dst_stride, bool accumulate,
                                             std::string label);
 
+  // f16's loss scale: the errors are of scaled gradients. When the scale
+  // moves by f they are multiplied by f; when a step is skipped (its
+  // gradients overflowed somewhere) they are zeroed (f = 0): what the
+  // skipped step's encodings dropped is not carried.
+  void scale_errors(float f);
+
   // The key of chunk c of group g.
   static int64_t key(int64_t group, int64_t chunk) { return (group << 32) | chunk; }
   // Bytes of error buffers (and PowerSGD's Qs) held (MemCategory::Grads).

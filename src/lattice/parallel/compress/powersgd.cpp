@@ -145,6 +145,14 @@ PowerSgd::State& PowerSgd::state(int64_t key, const LowRankLayout& layout, bool 
   return s;
 }
 
+void PowerSgd::scale_errors(float f) {
+  for (auto& [key, s] : states_) {
+    float* e = s.error.as<float>();
+    const size_t n = s.error.bytes() / sizeof(float);
+    for (size_t i = 0; i < n; i++) e[i] = f == 0.0f ? 0.0f : e[i] * f;
+  }
+}
+
 size_t PowerSgd::state_bytes() const {
   size_t b = 0;
   for (const auto& [key, s] : states_) b += s.q.bytes() + s.error.bytes();

@@ -106,6 +106,8 @@ class PowerSgd {
 
   // Bytes of state held: the Qs and the errors (MemCategory::Grads).
   size_t state_bytes() const;
+  // The errors times f (the loss scale moved by f), or zeroed (f = 0: a skipped step's).
+  void scale_errors(float f);
 
  private:
   std::map<int64_t, State> states_;
