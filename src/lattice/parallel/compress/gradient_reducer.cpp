@@ -9,7 +9,9 @@
 
 namespace lattice::parallel {
 
-bool codec_mixes_values(GradCodec c) { return c == GradCodec::Int8 || c == GradCodec::OneBit || c == GradCodec::TopK; }
+bool codec_mixes_values(GradCodec c) {
+  return c == GradCodec::Int8 || c == GradCodec::OneBit || c == GradCodec::TopK || c == GradCodec::PowerSgd;
+}
 
 void average_replicated_grads(const optim::AdamW& optimizer, comm::Communicator& tp) {
   if (tp.size() == 1) return;

@@ -78,8 +78,11 @@ struct CompressionOptions {
 // apart. The trainer averages those gradients over the TP group after the
 // reduction (one all-reduce of the replicated values: LayerNorms, biases and
 // wpe, a few percent of the model), so they stay one parameter. bf16 and f16
-// round each value alone and PowerSGD reduces the replicated values exactly:
-// they need nothing.
+// round each value alone and need nothing. PowerSGD reduces the 1-D
+// replicated values exactly and approximates wpe from inputs equal on every
+// TP rank, but its random redraws of a degenerate Q are counted per group,
+// which a sliced matrix of the same group can put out of step between the TP
+// ranks: it is averaged too.
 bool codec_mixes_values(GradCodec c);
 // The reduced gradients of `optimizer`'s replicated segments, averaged over
 // `tp` (collective over it; every TP rank has the same segments).
