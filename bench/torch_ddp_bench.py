@@ -83,6 +83,15 @@ SETUP_VAR = "LATTICE_TORCH_DDP_SETUP"  # the parent's torch_blas.prepare() resul
 PROG = "torch_ddp_bench.py"
 
 
+def add_launch_args(ap):
+    """The options of the hand-started ranks (bench/torch_ddp_hooks.py takes them too)."""
+    ap.add_argument("--timeout", type=float, default=1800.0,
+                    help="seconds the whole run may take before every rank is killed (default 1800); also "
+                         "gloo's timeout")
+    ap.add_argument("--oversubscribe", action="store_true",
+                    help="allow --ranks x --threads above the CPUs available (speed then means little)")
+
+
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, default=2, help="processes, one DDP rank each (default 2)")
@@ -91,11 +100,7 @@ def parse_args():
     ap.add_argument("--grad-as-bucket-view", action="store_true",
                     help="DDP gradient_as_bucket_view=True (.grad are views into the buckets; default off, "
                          "as in DDP)")
-    ap.add_argument("--timeout", type=float, default=1800.0,
-                    help="seconds the whole run may take before every rank is killed (default 1800); also "
-                         "gloo's timeout")
-    ap.add_argument("--oversubscribe", action="store_true",
-                    help="allow --ranks x --threads above the CPUs available (speed then means little)")
+    add_launch_args(ap)
     args = ap.parse_args()
     torch_blas.check_step_benchmark_args(ap, args, positive=("ranks", "bucket_mb", "timeout"))
     return args

@@ -102,11 +102,7 @@ def parse_args():
     ap.add_argument("--lr-warmup", type=int, default=30)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--grad-clip", type=float, default=1.0)
-    ap.add_argument("--timeout", type=float, default=1800.0,
-                    help="seconds the whole run may take before every rank is killed (default 1800); also "
-                         "gloo's timeout")
-    ap.add_argument("--oversubscribe", action="store_true",
-                    help="allow --ranks x --threads above the CPUs available (speed then means little)")
+    launcher.add_launch_args(ap)
     args = ap.parse_args()
     torch_blas.check_step_benchmark_args(ap, args, positive=("ranks", "bucket_mb", "timeout", "powersgd_rank",
                                                              "eval_steps"))

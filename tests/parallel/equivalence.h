@@ -19,9 +19,11 @@
 #include <vector>
 
 #include "lattice/comm/communicator.h"
+#include "lattice/comm/process_mesh.h"
 #include "lattice/io/config.h"
 #include "lattice/train/model_io.h"
 #include "lattice/train/trainer.h"
+#include "mpi_ranks.h"
 
 namespace lattice::mpitest {
 
@@ -128,6 +130,25 @@ inline bool same_params(const RunResult& a, const RunResult& b) {
         a.params[p].data != b.params[p].data)
       return false;
   return true;
+}
+
+// Trains `c` on `ranks` for `steps` steps; returns the first parameter that
+// is whole on every TP rank (ShardSpec split_dim < 0) and whose values differ
+// between the TP ranks of this rank's model, or "" when there is none
+// (collective: every TP rank of a group walks the same parameters).
+inline std::string replicated_param_differing_over_tp(const io::RunConfig& c, comm::Communicator& ranks, int steps) {
+  train::TrainerOptions o;
+  o.print = false;
+  o.ranks = &ranks;
+  train::Trainer t(c, o);
+  for (int s = 0; s < steps; s++) t.train_step();
+  for (model::ParamGroup& g : t.model().groups())
+    for (const model::ParamInfo& p : g.params()) {
+      if (p.shard.split_dim >= 0) continue;
+      const float* v = g.data() + p.offset;
+      if (first_differing_rank(t.mesh().tp(), std::vector<float>(v, v + p.numel())) != -1) return p.name;
+    }
+  return "";
 }
 
 }  // namespace lattice::mpitest

@@ -81,7 +81,8 @@ struct Work16 {
   int holds_layer = -1;
   const Slot* holds_x = nullptr;
   int holds_x_index = -1;
-  void forget() { holds = nullptr, holds_layer = -1, holds_x = nullptr, holds_x_index = -1; }
+  const Slot* holds_lnf = nullptr;  // whose LN_f output `lnf` holds (loaded by lnf_of)
+  void forget() { holds = nullptr, holds_layer = -1, holds_x = nullptr, holds_x_index = -1, holds_lnf = nullptr; }
 };
 
 struct Slot {
@@ -636,12 +637,15 @@ const float* GPT::x_of(Slot& s, int i) {
   return w.x[0];
 }
 
-// LN_f's output of slot s in f32 (N × C).
+// LN_f's output of slot s in f32 (N × C), loaded once per backward.
 const float* GPT::lnf_of(Slot& s) {
   if (s.store == DType::F32) return s.lnf;
-  const int64_t N = static_cast<int64_t>(s.B) * s.T;
   Work16& w = work16_for(s);
-  k::load_16bit(s.store, s.lnf16, w.lnf, N * config_.n_embd);
+  if (w.holds_lnf != &s) {
+    const int64_t N = static_cast<int64_t>(s.B) * s.T;
+    k::load_16bit(s.store, s.lnf16, w.lnf, N * config_.n_embd);
+    w.holds_lnf = &s;
+  }
   return w.lnf;
 }
 

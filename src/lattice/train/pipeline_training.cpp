@@ -187,9 +187,7 @@ double Trainer::pipeline_step(float lr, double* norm_out) {
   const int replicas = mesh_->dp().size();
   for (size_t j = 0; j < pp.models.size(); j++) pp.optimizer->reduce(j, true);
   pp.optimizer->finish_reductions();
-  if (tp_ && pp.optimizer->reducer().compressing() &&
-      parallel::codec_mixes_values(pp.optimizer->reducer().options().spec.codec))
-    parallel::average_replicated_grads(pp.optimizer->optimizer(), mesh_->tp());
+  if (tp_) parallel::average_replicated_grads(pp.optimizer->reducer(), pp.optimizer->optimizer(), mesh_->tp());
   if (replicas > 1) loss = pp.optimizer->sum_over_ranks(loss) / replicas;
   // Over the pipeline: each stage's parameters, the tied embedding once,
   // TP-replicated parameters on TP rank 0 (pipeline::counts_in_norm).

@@ -367,8 +367,7 @@ StepStats Trainer::train_step_unguarded() {
       }
     }
     dp_->finish_gradients();
-    if (tp_ && dp_->reducer().compressing() && parallel::codec_mixes_values(dp_->reducer().options().spec.codec))
-      parallel::average_replicated_grads(dp_->optimizer(), mesh_->tp());
+    if (tp_) parallel::average_replicated_grads(dp_->reducer(), dp_->optimizer(), mesh_->tp());
     // The gradients now hold the sum over ranks of each rank's mean over its
     // micro-batches: 1/ranks makes it the mean over the global batch. (Every
     // rank of a TP group has the whole loss: the vocabulary-parallel loss is

@@ -464,32 +464,21 @@ struct Constant {
 std::mutex g_constants_mutex;
 std::map<const float*, Constant> g_constants;  // by first element
 
-// The bf16 copy of op's stored rows × cols (leading dimension ld) when it
-// lies in a registered constant (*ld16 = ld), else null.
-const uint16_t* constant_bf16(const float* p, int64_t rows, int64_t cols, int64_t ld) {
-  std::lock_guard<std::mutex> lock(g_constants_mutex);
+// The registered constant holding op's stored rows × cols (leading
+// dimension ld), with the offset of p in it, or null. Hold the mutex.
+Constant* find_constant(const float* p, int64_t rows, int64_t cols, int64_t ld, int64_t* at) {
   auto it = g_constants.upper_bound(p);
   if (it == g_constants.begin()) return nullptr;
   --it;
-  const int64_t at = p - it->first;
-  Constant& c = it->second;
-  if (at < 0 || at + (rows - 1) * ld + cols > c.n) return nullptr;
-  if (!c.converted) {
-    if (c.bf16.bytes() < static_cast<size_t>(c.n) * 2) c.bf16 = Buffer(static_cast<size_t>(c.n) * 2, MemCategory::Workspace);
-    store_16bit(DType::BF16, it->first, c.bf16.data(), c.n);
-    c.converted = true;
-  }
-  return c.bf16.as<uint16_t>() + at;
+  *at = p - it->first;
+  return *at >= 0 && *at + (rows - 1) * ld + cols <= it->second.n ? &it->second : nullptr;
 }
 
-// Whether [p, p + rows·ld) lies in a registered constant (its values are bf16 values already).
-bool in_constant(const float* p, int64_t rows, int64_t cols, int64_t ld) {
-  std::lock_guard<std::mutex> lock(g_constants_mutex);
-  auto it = g_constants.upper_bound(p);
-  if (it == g_constants.begin()) return false;
-  --it;
-  const int64_t at = p - it->first;
-  return at >= 0 && at + (rows - 1) * ld + cols <= it->second.n;
+// This thread's operand workspace `slot` (0: A, 1: B), at least `bytes`.
+void* operand_workspace(int slot, size_t bytes) {
+  thread_local Buffer scratch[2];
+  scratch[slot].ensure(bytes, MemCategory::Workspace);
+  return scratch[slot].data();
 }
 
 // The portable path's operand: a constant as it is (it holds bf16 values,
@@ -497,33 +486,39 @@ bool in_constant(const float* p, int64_t rows, int64_t cols, int64_t ld) {
 // workspace `slot` (leading dimension cols) — then dnnl_sgemm multiplies
 // exactly the bf16 products oneDNN's bf16 matmul would.
 const float* rounded_operand(const float* p, int64_t rows, int64_t cols, int64_t ld, int slot, int64_t* ld_out) {
-  if (in_constant(p, rows, cols, ld)) {
-    *ld_out = ld;
-    return p;
+  {
+    std::lock_guard<std::mutex> lock(g_constants_mutex);
+    int64_t at = 0;
+    if (find_constant(p, rows, cols, ld, &at)) {
+      *ld_out = ld;
+      return p;
+    }
   }
-  thread_local Buffer scratch[2];
-  Buffer& b = scratch[slot];
-  const size_t bytes = static_cast<size_t>(rows * cols) * sizeof(float);
-  if (b.bytes() < bytes) b.ensure(bytes, MemCategory::Workspace);
-  float* out = b.as<float>();
+  float* out = static_cast<float*>(operand_workspace(slot, static_cast<size_t>(rows * cols) * sizeof(float)));
   for (int64_t r = 0; r < rows; r++) std::memcpy(out + r * cols, p + r * ld, sizeof(float) * cols);
   round_to(DType::BF16, out, rows * cols);
   *ld_out = cols;
   return out;
 }
 
-// op's stored rows × cols at bf16: a constant's copy, or converted into this
-// thread's workspace `slot` (leading dimension cols).
+// op's stored rows × cols at bf16: a constant's copy (converted on its first
+// use after set(); *ld16 = ld), or converted into this thread's workspace
+// `slot` (leading dimension cols).
 const uint16_t* bf16_operand(const float* p, int64_t rows, int64_t cols, int64_t ld, int slot, int64_t* ld16) {
-  if (const uint16_t* c = constant_bf16(p, rows, cols, ld)) {
-    *ld16 = ld;
-    return c;
+  {
+    std::lock_guard<std::mutex> lock(g_constants_mutex);
+    int64_t at = 0;
+    if (Constant* c = find_constant(p, rows, cols, ld, &at)) {
+      if (!c->converted) {
+        c->bf16.ensure(static_cast<size_t>(c->n) * 2, MemCategory::Workspace);
+        store_16bit(DType::BF16, p - at, c->bf16.data(), c->n);
+        c->converted = true;
+      }
+      *ld16 = ld;
+      return c->bf16.as<uint16_t>() + at;
+    }
   }
-  thread_local Buffer scratch[2];
-  Buffer& b = scratch[slot];
-  const size_t bytes = static_cast<size_t>(rows * cols) * 2;
-  if (b.bytes() < bytes) b.ensure(bytes, MemCategory::Workspace);
-  uint16_t* out = b.as<uint16_t>();
+  uint16_t* out = static_cast<uint16_t*>(operand_workspace(slot, static_cast<size_t>(rows * cols) * 2));
   if (ld == cols) {
     store_16bit(DType::BF16, p, out, rows * cols);
   } else {
@@ -573,17 +568,19 @@ size_t gemm_constant_bytes() {
 
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
           const void* B, int64_t ldb, float beta, float* C, int64_t ldc, DType ab_type) {
-  if (ab_type == DType::F32 && g_bf16_operands && M > 0 && N > 0 && K > 0 && !gemm_paths().bf16_uses_primitive()) {
-    int64_t lda_r = 0, ldb_r = 0;
-    const float* a = rounded_operand(static_cast<const float*>(A), trans_a ? K : M, trans_a ? M : K, lda, 0, &lda_r);
-    const float* b = rounded_operand(static_cast<const float*>(B), trans_b ? N : K, trans_b ? K : N, ldb, 1, &ldb_r);
-    return cpu::gemm_dnnl_sgemm(trans_a, trans_b, M, N, K, alpha, a, lda_r, b, ldb_r, beta, C, ldc);
-  }
   if (ab_type == DType::F32 && g_bf16_operands && M > 0 && N > 0 && K > 0) {
-    int64_t lda16 = 0, ldb16 = 0;
-    const uint16_t* a = bf16_operand(static_cast<const float*>(A), trans_a ? K : M, trans_a ? M : K, lda, 0, &lda16);
-    const uint16_t* b = bf16_operand(static_cast<const float*>(B), trans_b ? N : K, trans_b ? K : N, ldb, 1, &ldb16);
-    return gemm(trans_a, trans_b, M, N, K, alpha, a, lda16, b, ldb16, beta, C, ldc, DType::BF16);
+    const float* a = static_cast<const float*>(A);
+    const float* b = static_cast<const float*>(B);
+    const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K, b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+    int64_t lda2 = 0, ldb2 = 0;
+    if (!gemm_paths().bf16_uses_primitive()) {
+      const float* ar = rounded_operand(a, a_rows, a_cols, lda, 0, &lda2);
+      const float* br = rounded_operand(b, b_rows, b_cols, ldb, 1, &ldb2);
+      return cpu::gemm_dnnl_sgemm(trans_a, trans_b, M, N, K, alpha, ar, lda2, br, ldb2, beta, C, ldc);
+    }
+    const uint16_t* a16 = bf16_operand(a, a_rows, a_cols, lda, 0, &lda2);
+    const uint16_t* b16 = bf16_operand(b, b_rows, b_cols, ldb, 1, &ldb2);
+    return gemm(trans_a, trans_b, M, N, K, alpha, a16, lda2, b16, ldb2, beta, C, ldc, DType::BF16);
   }
   if (ab_type == DType::F32) {
     cpu::gemm_dnnl_sgemm(trans_a, trans_b, M, N, K, alpha, static_cast<const float*>(A), lda,

@@ -9,12 +9,10 @@
 
 namespace lattice::parallel {
 
-bool codec_mixes_values(GradCodec c) {
-  return c == GradCodec::Int8 || c == GradCodec::OneBit || c == GradCodec::TopK || c == GradCodec::PowerSgd;
-}
-
-void average_replicated_grads(const optim::AdamW& optimizer, comm::Communicator& tp) {
-  if (tp.size() == 1) return;
+void average_replicated_grads(const GradientReducer& reducer, const optim::AdamW& optimizer, comm::Communicator& tp) {
+  const GradCodec c = reducer.options().spec.codec;
+  const bool mixes = c == GradCodec::Int8 || c == GradCodec::OneBit || c == GradCodec::TopK || c == GradCodec::PowerSgd;
+  if (tp.size() == 1 || !reducer.compressing() || !mixes) return;
   int64_t n = 0;
   for (const optim::AdamWSegment& s : optimizer.segments())
     if (s.replicated) n += s.n;
@@ -73,12 +71,7 @@ size_t GradientReducer::error_bytes() const {
 
 void GradientReducer::scale_errors(float f) {
   stream_.wait_all();
-  auto scale = [f](Buffer& b) {
-    float* e = b.as<float>();
-    const size_t n = b.bytes() / sizeof(float);
-    for (size_t i = 0; i < n; i++) e[i] = f == 0.0f ? 0.0f : e[i] * f;
-  };
-  for (auto& [key, e] : errors_) scale(e.worker), scale(e.server);
+  for (auto& [key, e] : errors_) scale_error_buffer(e.worker, f), scale_error_buffer(e.server, f);
   powersgd_.scale_errors(f);
 }
 

@@ -69,25 +69,6 @@ struct CompressionOptions {
   int64_t warmup_steps = 0;    // compression.warmup_steps
 };
 
-// Tensor parallelism under a codec that encodes a block of values together
-// (int8's scale and onebit's mean |x| per 256 values, topk's selection):
-// such a block can hold parameters that are whole on every TP rank
-// (LayerNorms, row-parallel biases, wpe) beside slices that differ between
-// the TP ranks, so each TP rank's data-parallel group decodes slightly
-// different gradients for the replicated ones and their copies would drift
-// apart. The trainer averages those gradients over the TP group after the
-// reduction (one all-reduce of the replicated values: LayerNorms, biases and
-// wpe, a few percent of the model), so they stay one parameter. bf16 and f16
-// round each value alone and need nothing. PowerSGD reduces the 1-D
-// replicated values exactly and approximates wpe from inputs equal on every
-// TP rank, but its random redraws of a degenerate Q are counted per group,
-// which a sliced matrix of the same group can put out of step between the TP
-// ranks: it is averaged too.
-bool codec_mixes_values(GradCodec c);
-// The reduced gradients of `optimizer`'s replicated segments, averaged over
-// `tp` (collective over it; every TP rank has the same segments).
-void average_replicated_grads(const optim::AdamW& optimizer, comm::Communicator& tp);
-
 class GradientReducer {
  public:
   GradientReducer(CommStream& stream, const CompressionOptions& options);
@@ -164,5 +145,24 @@ class GradientReducer {
   PowerSgd powersgd_;
   std::atomic<uint64_t> sent_{0}, uncompressed_{0};
 };
+
+// Tensor parallelism under a codec that encodes a block of values together
+// (int8's scale and onebit's mean |x| per 256 values, topk's selection):
+// such a block can hold parameters that are whole on every TP rank
+// (LayerNorms, row-parallel biases, wpe) beside slices that differ between
+// the TP ranks, so each TP rank's data-parallel group decodes slightly
+// different gradients for the replicated ones and their copies would drift
+// apart. PowerSGD reduces the 1-D replicated values exactly and
+// approximates wpe from inputs equal on every TP rank, but its random
+// redraws of a degenerate Q are counted per group, which a sliced matrix of
+// the same group can put out of step between the TP ranks. bf16 and f16
+// round each value alone and need nothing.
+//
+// After a step's reductions (collective over `tp`, whose ranks have the same
+// segments): when `reducer` compressed them with int8, onebit, topk or
+// PowerSGD, the reduced gradients of `optimizer`'s replicated segments are
+// averaged over `tp` (one all-reduce of a few percent of the model) so they
+// stay one parameter; otherwise nothing happens.
+void average_replicated_grads(const GradientReducer& reducer, const optim::AdamW& optimizer, comm::Communicator& tp);
 
 }  // namespace lattice::parallel

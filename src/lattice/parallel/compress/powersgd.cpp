@@ -6,6 +6,7 @@
 
 #include "lattice/core/error.h"
 #include "lattice/core/rng.h"
+#include "lattice/kernels/ops.h"
 
 namespace lattice::parallel {
 
@@ -145,12 +146,17 @@ PowerSgd::State& PowerSgd::state(int64_t key, const LowRankLayout& layout, bool 
   return s;
 }
 
-void PowerSgd::scale_errors(float f) {
-  for (auto& [key, s] : states_) {
-    float* e = s.error.as<float>();
-    const size_t n = s.error.bytes() / sizeof(float);
-    for (size_t i = 0; i < n; i++) e[i] = f == 0.0f ? 0.0f : e[i] * f;
+void scale_error_buffer(Buffer& errors, float f) {
+  if (errors.empty()) return;
+  if (f == 0.0f) {
+    std::memset(errors.data(), 0, errors.bytes());  // also where an error was not finite
+  } else {
+    kernels::scale_inplace(errors.as<float>(), f, static_cast<int64_t>(errors.bytes() / sizeof(float)));
   }
+}
+
+void PowerSgd::scale_errors(float f) {
+  for (auto& [key, s] : states_) scale_error_buffer(s.error, f);
 }
 
 size_t PowerSgd::state_bytes() const {

@@ -84,6 +84,10 @@ LowRankLayout lowrank_layout(const model::ParamGroup& group, int64_t rank);
 // that each parameter's approximation depends on its own gradient alone.
 LowRankLayout lowrank_rows(const std::vector<std::pair<int64_t, int64_t>>& row_ranges, int64_t cols, int64_t rank);
 
+// An error-feedback buffer times f, or zeroed at f = 0 (the loss scale moved
+// by f, or the step was skipped): PowerSgd's errors and GradientReducer's.
+void scale_error_buffer(Buffer& errors, float f);
+
 class PowerSgd {
  public:
   // What a buffer keeps across steps: its Qs and its error.
