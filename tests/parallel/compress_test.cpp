@@ -18,7 +18,7 @@
 #include "equivalence.h"
 #include "lattice/core/threads.h"
 #include "lattice/parallel/compress/gradient_reducer.h"
-#include "lattice/parallel/data/comm_stream.h"
+#include "lattice/comm/comm_stream.h"
 #include "lattice/train/trainer.h"
 #include "mpi_ranks.h"
 
@@ -55,7 +55,7 @@ TEST(GradientReducer, IdenticalEverywhereAtTheCodecsShareOfTheBytes) {
       CompressionOptions o;
       o.spec = CodecSpec{codec, 0.01};
       o.error_feedback = feedback;
-      CommStream stream(c, Progress::Thread);
+      comm::CommStream stream(c, comm::Progress::Thread);
       GradientReducer reducer(stream, o);
       reducer.begin_step(0);
       ASSERT_TRUE(reducer.compressing());
@@ -107,7 +107,7 @@ TEST(GradientReducer, ErrorFeedbackMakesTheMeanExact) {
       CompressionOptions o;
       o.spec = CodecSpec{codec, 0.05};
       o.error_feedback = feedback;
-      CommStream stream(c, Progress::Inline);
+      comm::CommStream stream(c, comm::Progress::Inline);
       GradientReducer reducer(stream, o);
       reducer.begin_step(0);
       const int T = 40;
@@ -145,7 +145,7 @@ TEST(GradientReducer, WarmUpStepsAreUncompressed) {
   CompressionOptions o;
   o.spec.codec = GradCodec::OneBit;
   o.warmup_steps = 2;
-  CommStream stream(c, Progress::Inline);
+  comm::CommStream stream(c, comm::Progress::Inline);
   GradientReducer reducer(stream, o);
   const int64_t k = 256;
   for (int step = 0; step < 3; step++) {

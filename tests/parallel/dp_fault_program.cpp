@@ -18,15 +18,13 @@
 #include "lattice/comm/runtime.h"
 #include "lattice/core/error.h"
 #include "lattice/io/config.h"
-#include "lattice/parallel/data/data_parallel.h"
 #include "lattice/train/trainer.h"
 
 using namespace lattice;
 
 namespace {
 
-// Forwards to the trainer's hooks, and throws once on one rank.
-// `inner` may be null (no data parallelism to forward to: the pipeline path).
+// Forwards to the trainer's hooks (the data-parallel engine's), and throws once on one rank.
 class ThrowingHooks final : public model::GroupHooks {
  public:
   ThrowingHooks(model::GroupHooks* inner, const train::Trainer& trainer) : inner_(inner), trainer_(trainer) {}
@@ -74,7 +72,7 @@ int main(int argc, char** argv) {
     if (pp) c.train.grad_accum_steps = 4;
     c.parallel.bucket_mb = 0.01;
     train::Trainer t(c, train::TrainerOptions{false});
-    ThrowingHooks hooks(pp ? nullptr : &t.data_parallel(), t);
+    ThrowingHooks hooks(t.model().hooks(), t);
     t.model().set_hooks(&hooks);
     for (int s = 0; s < 5; s++) t.train_step();
     std::printf("rank %d: finished without the injected failure\n", comm::world_rank());

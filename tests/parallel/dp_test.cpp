@@ -373,7 +373,7 @@ TEST(DataParallel, ReductionsArePostedDuringTheBackward) {
     o.print = false;
     o.ranks = &world();
     train::Trainer t(layout(n, stage, 1, false), o);
-    parallel::CommStream& stream = t.data_parallel().stream();
+    comm::CommStream& stream = t.data_parallel().stream();
     stream.record_events(true);
     t.train_step();
     const std::vector<std::string> events = stream.take_events();

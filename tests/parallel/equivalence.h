@@ -67,13 +67,15 @@ struct RunResult {
 
 // Trains `cfg` on `ranks` (all of them run it) for `steps` steps; every rank
 // returns the full parameters. With `save_dir`, then saves a checkpoint there.
+// `split_backward` (pp = 1): the one-stage zero-bubble schedule, each
+// backward split into its input and weight parts.
 inline RunResult train_run(const io::RunConfig& cfg, comm::Communicator& ranks, int steps = 10,
                            const std::string& save_dir = "", bool split_backward = false) {
   train::TrainerOptions o;
   o.print = false;
   o.ranks = &ranks;
-  o.split_backward = split_backward;
   io::RunConfig c = cfg;
+  if (split_backward) c.parallel.schedule = "zb-h1";
   if (!save_dir.empty()) c.checkpoint.dir = save_dir;
   train::Trainer t(c, o);
   RunResult r;

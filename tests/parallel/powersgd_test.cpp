@@ -20,7 +20,7 @@
 #include "lattice/core/error.h"
 #include "lattice/core/threads.h"
 #include "lattice/parallel/compress/gradient_reducer.h"
-#include "lattice/parallel/data/comm_stream.h"
+#include "lattice/comm/comm_stream.h"
 #include "lattice/train/trainer.h"
 #include "mpi_ranks.h"
 
@@ -124,7 +124,7 @@ TEST(PowerSgd, RankRSumComesBackExactOnEveryRank) {
   for (int64_t i = 0; i < m * cols; i++) largest = std::max(largest, std::fabs(static_cast<double>(exact[i])));
 
   for (bool feedback : {true, false}) {
-    CommStream stream(c, Progress::Thread);
+    comm::CommStream stream(c, comm::Progress::Thread);
     GradientReducer reducer(stream, powersgd(r, feedback));
     for (int step = 0; step < 3; step++) {
       reducer.begin_step(step);
@@ -157,7 +157,7 @@ TEST(PowerSgd, ReduceScatterPlacesTheAllReducesSlices) {
     std::fill(v.begin() + layout.extent, v.end(), 0.0f);
     return v;
   }();
-  CommStream stream(c, Progress::Thread);
+  comm::CommStream stream(c, comm::Progress::Thread);
   GradientReducer whole(stream, powersgd(2)), scatter(stream, powersgd(2)), added(stream, powersgd(2));
   for (GradientReducer* red : {&whole, &scatter, &added}) red->begin_step(0);
   std::vector<float> all = mine, chunk = mine, chunk2 = mine;
@@ -198,7 +198,7 @@ TEST(PowerSgd, BytesAreTheTwoAllReducesOfTheFactors) {
   const int64_t k = slice_for(layout.extent, n);
   std::vector<float> grad = normal(static_cast<size_t>(n * k), 60 + c.rank());
   std::fill(grad.begin() + layout.extent, grad.end(), 0.0f);
-  CommStream stream(c, Progress::Thread);
+  comm::CommStream stream(c, comm::Progress::Thread);
   GradientReducer reducer(stream, powersgd(r));
   reducer.begin_step(0);
   stream.wait(reducer.all_reduce_lowrank(1, grad.data(), layout, 1, k, "block"));
@@ -238,7 +238,7 @@ TEST(PowerSgd, ErrorFeedbackMakesTheMeanExact) {
   c.all_reduce(exact.data(), exact.size(), DType::F32, comm::ReduceOp::Sum);
   double err[2] = {0, 0};
   for (bool feedback : {true, false}) {
-    CommStream stream(c, Progress::Inline);
+    comm::CommStream stream(c, comm::Progress::Inline);
     GradientReducer reducer(stream, powersgd(2, feedback));
     reducer.begin_step(0);
     const int T = 60;

@@ -1,15 +1,15 @@
 // The loss scaler's state machine (train/loss_scaler.h): backoff on an
 // overflow, growth after a window of clean steps, the floor, a static scale,
 // and the checkpointed state.
-#include "lattice/train/loss_scaler.h"
+#include "lattice/optim/loss_scaler.h"
 
 #include <gtest/gtest.h>
 
 #include "lattice/core/error.h"
 
 using namespace lattice;
-using lattice::train::LossScaler;
-using lattice::train::LossScalerConfig;
+using lattice::optim::LossScaler;
+using lattice::optim::LossScalerConfig;
 
 TEST(LossScaler, BacksOffOnOverflowAndGrowsAfterTheWindow) {
   LossScalerConfig c;

@@ -662,9 +662,11 @@ void check_cross_keys(const RunConfig& cfg) {
     LATTICE_CHECK(cfg.log.trace_file.empty(), "log.trace_file=\"" << cfg.log.trace_file
                                                                    << "\" records the pipeline's timeline: it needs "
                                                                       "parallel.pp > 1");
-    LATTICE_CHECK(par.schedule == "1f1b", "parallel.schedule=\"" << par.schedule
-                                                                 << "\" applies to pipeline parallelism: set "
-                                                                    "parallel.pp > 1, or leave it at \"1f1b\"");
+    // One stage: 1F1B runs F and B per micro-batch, ZB-H1 the split backward (I then W).
+    LATTICE_CHECK(par.schedule == "1f1b" || par.schedule == "zb-h1",
+                  "parallel.schedule=\"" << par.schedule
+                                         << "\" applies to pipeline parallelism: set parallel.pp > 1, or leave it at "
+                                            "\"1f1b\" (\"zb-h1\" at pp = 1 runs the split backward)");
     LATTICE_CHECK(par.virtual_stages == 1, "parallel.virtual_stages=" << par.virtual_stages
                                                                       << " applies to pipeline parallelism: set "
                                                                          "parallel.pp > 1, or leave it at 1");

@@ -9,8 +9,8 @@
 
 #include "lattice/core/error.h"
 #include "lattice/kernels/ops.h"
-#include "lattice/parallel/tensor/tensor_parallel.h"
-#include "lattice/parallel/tensor/vocab_parallel.h"
+#include "lattice/layers/tensor/tensor_parallel.h"
+#include "lattice/layers/tensor/vocab_parallel.h"
 
 namespace lattice::model {
 
@@ -456,6 +456,11 @@ GPT::GPT(Build, const ModelConfig& config, const uint64_t* seed, bool allocate, 
 }
 
 GPT::~GPT() = default;
+
+bool GPT::counts_in_norm(size_t group, const ParamInfo& info) const {
+  if (has_embedding() && group == embedding_index() && !first_stage()) return false;
+  return info.shard.split_dim >= 0 || tp_rank() == 0;
+}
 
 std::pair<ParamGroup*, size_t> GPT::find_param(const std::string& name) {
   for (ParamGroup& g : groups_)

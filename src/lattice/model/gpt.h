@@ -161,6 +161,12 @@ class GPT {
   ParamGroup& embedding_group() { return groups_.front(); }
   ParamGroup& block_group(int layer) { return groups_[block_index(layer)]; }  // a layer of this stage
   ParamGroup& final_group() { return groups_.back(); }
+  // Whether parameter `info` of group `group` counts in the global gradient
+  // norm from this rank, so that the sum over the pipeline and tensor-parallel
+  // groups counts every element once: the tied embedding on its first stage
+  // only; under tensor parallelism a parameter whole on every TP rank
+  // (LayerNorms, row-parallel biases, wpe) on TP rank 0 only, slices everywhere.
+  bool counts_in_norm(size_t group, const ParamInfo& info) const;
   // Finds a parameter by HF name: its group and index, or {nullptr, 0}.
   std::pair<ParamGroup*, size_t> find_param(const std::string& name);
 

@@ -8,9 +8,8 @@
 #include "lattice/io/config.h"
 #include "lattice/io/safetensors.h"
 #include "lattice/parallel/data/data_parallel.h"
-#include "lattice/parallel/tensor/tensor_parallel.h"
+#include "lattice/layers/tensor/tensor_parallel.h"
 #include "lattice/train/model_io.h"
-#include "lattice/train/pipeline_state.h"
 #include "lattice/train/trainer.h"
 
 namespace lattice::train {
@@ -42,23 +41,95 @@ std::vector<HfTensor> Trainer::assemble_group(const model::ParamGroup& group, co
   return export_hf_group(group, local, bases);
 }
 
+namespace {
+
+size_t numel_of(const std::vector<int64_t>& shape) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+}  // namespace
+
 std::vector<HfTensor> Trainer::group_tensors(size_t g, ModelBuffer which, bool all_ranks) {
-  const model::ParamGroup& group = model_->groups()[g];
-  const size_t capacity = static_cast<size_t>(group.capacity());
-  std::vector<float> local(capacity);
-  dp_->gather_full(g, state_of(which), local.data());  // this TP rank's slices, whole over DP
+  const model::ParamGroup& shape = layout_model_->groups()[g];
+  // The stage that holds it (the embedding: the first stage's copy).
+  int stage = 0;
+  if (shape.name() == "ln_f") {
+    stage = schedule_.stages - 1;
+  } else if (shape.name() != "embedding") {
+    const int layer = std::stoi(shape.name().substr(2));
+    for (int s = 0; s < schedule_.stages; s++)
+      if (cut_[s].first <= layer && layer < cut_[s].last) stage = s;
+  }
+  const int owner = schedule_.rank_of_stage[stage], me = mesh_->coord().pp;
   // Only the TP group of the world's root needs them, unless every rank does.
-  if (tp_ && !all_ranks && mesh_->coord().dp != 0) return {};
-  return assemble_group(group, local.data(), capacity, all_ranks || is_root_);
+  const bool wanted = all_ranks || (mesh_->coord().dp == 0 && mesh_->coord().tp == 0);
+  std::vector<HfTensor> tensors;
+  if (me == owner) {
+    const size_t j = static_cast<size_t>(part_of_stage_[stage]);
+    const model::GPT& part = *parts_[j];
+    size_t i = 0;
+    while (part.groups()[i].name() != shape.name()) i++;
+    const model::ParamGroup& local = part.groups()[i];
+    std::vector<float> buffer(static_cast<size_t>(local.capacity()));
+    dp_->gather_full(j, i, state_of(which), buffer.data());  // this TP rank's slices, whole over DP
+    if (!tp_ || all_ranks || mesh_->coord().dp == 0)
+      tensors = assemble_group(local, buffer.data(), buffer.size(), wanted);
+  }
+  if (schedule_.ranks == 1) return tensors;
+  // From the owner's pipeline rank to the others (all_ranks) or to the root's.
+  if (!wanted) return {};
+  std::vector<float> flat;
+  for (const model::ParamInfo& p : shape.params()) flat.resize(flat.size() + numel_of(hf_shape(p)));
+  if (me == owner) {
+    size_t at = 0;
+    for (const HfTensor& t : tensors) {
+      std::copy(t.data.begin(), t.data.end(), flat.begin() + static_cast<std::ptrdiff_t>(at));
+      at += t.data.size();
+    }
+  }
+  if (all_ranks) {
+    mesh_->pp().broadcast(flat.data(), flat.size(), DType::F32, owner);
+  } else if (owner != 0) {
+    if (me == owner) mesh_->pp().send(flat.data(), flat.size(), DType::F32, 0, 7);
+    if (me == 0) mesh_->pp().recv(flat.data(), flat.size(), DType::F32, owner, 7);
+  }
+  if (!all_ranks && !is_root_) return {};
+  std::vector<HfTensor> out;
+  size_t at = 0;
+  for (const model::ParamInfo& p : shape.params()) {
+    HfTensor t;
+    t.name = p.name;
+    t.shape = hf_shape(p);
+    const size_t n = numel_of(t.shape);
+    t.data.assign(flat.begin() + static_cast<std::ptrdiff_t>(at), flat.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 std::vector<HfTensor> Trainer::full_tensors(ModelBuffer which) {
   std::vector<HfTensor> out;
-  const size_t groups = pipe_ ? pipe_->whole->groups().size() : model_->groups().size();
-  for (size_t g = 0; g < groups; g++)
-    for (HfTensor& t : pipe_ ? pipeline_group_tensors(g, which, true) : group_tensors(g, which, true))
-      out.push_back(std::move(t));
+  for (size_t g = 0; g < layout_model_->groups().size(); g++)
+    for (HfTensor& t : group_tensors(g, which, true)) out.push_back(std::move(t));
   return out;
+}
+
+void Trainer::load_state(const HfSource* sources, int count) {
+  const parallel::DataParallel::State which[3] = {parallel::DataParallel::State::Params,
+                                                  parallel::DataParallel::State::AdamM,
+                                                  parallel::DataParallel::State::AdamV};
+  for (size_t j = 0; j < parts_.size(); j++)
+    for (size_t i = 0; i < parts_[j]->groups().size(); i++) {
+      const model::ParamGroup& group = parts_[j]->groups()[i];
+      std::vector<float> full(static_cast<size_t>(group.capacity()), 0.0f);
+      for (int k = 0; k < count; k++) {
+        import_hf_group(group, full.data(), sources[k]);
+        dp_->load_full(j, i, which[k], full.data());
+      }
+    }
 }
 
 // Whatever the layout, a checkpoint holds full logical tensors by HF name:
@@ -74,7 +145,7 @@ std::string Trainer::save_checkpoint() {
   std::unique_ptr<io::CheckpointWriter> w;
   std::unique_ptr<io::SafeTensorsStream> files[2];  // model, optimizer
   // The whole model's groups, in order (a pipeline stage holds some of them).
-  const model::GPT& layout_model = pipe_ ? *pipe_->whole : *model_;
+  const model::GPT& layout_model = *layout_model_;
   if (is_root_) {
     // The headers first: every tensor's name and HF shape is known.
     io::SafeTensorsWriter layout[2];
@@ -91,7 +162,7 @@ std::string Trainer::save_checkpoint() {
   }
   for (size_t g = 0; g < layout_model.groups().size(); g++) {
     std::vector<HfTensor> tensors[3];
-    for (int k = 0; k < 3; k++) tensors[k] = pipe_ ? pipeline_group_tensors(g, which[k], false) : group_tensors(g, which[k], false);
+    for (int k = 0; k < 3; k++) tensors[k] = group_tensors(g, which[k], false);
     if (!is_root_) continue;
     for (size_t i = 0; i < tensors[0].size(); i++) {
       files[0]->append(tensors[0][i].data.data(), tensors[0][i].data.size() * sizeof(float));
@@ -163,32 +234,14 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
   io::SafeTensorsReader opt((fs::path(step_dir) / "optimizer.safetensors").string());
   const HfSource sources[3] = {safetensors_source(model_file, model_path), source_of(opt, kMomentSuffix[0]),
                                source_of(opt, kMomentSuffix[1])};
-  const parallel::DataParallel::State which[3] = {parallel::DataParallel::State::Params,
-                                                  parallel::DataParallel::State::AdamM,
-                                                  parallel::DataParallel::State::AdamV};
-  if (pipe_) {
-    load_pipeline_state(sources);
-  } else {
-    for (size_t g = 0; g < model_->groups().size(); g++) {
-      const model::ParamGroup& group = model_->groups()[g];
-      std::vector<float> full(static_cast<size_t>(group.capacity()), 0.0f);
-      for (int k = 0; k < 3; k++) {
-        import_hf_group(group, full.data(), sources[k]);
-        dp_->load_full(g, which[k], full.data());
-      }
-    }
-  }
+  load_state(sources, 3);
   int64_t step = 0, adam = 0;
   uint64_t tokens = 0;
   LATTICE_CHECK(meta.at("step").get_i64(&step) && meta.at("adam_steps").get_i64(&adam) &&
                     meta.at("tokens_seen").get_u64(&tokens),
                 "checkpoint '" << step_dir << "/meta.json' has a malformed step, adam_steps or tokens_seen");
   step_ = step;
-  if (pipe_) {
-    pipe_->optimizer->optimizer().set_steps_taken(adam);
-  } else {
-    optimizer().set_steps_taken(adam);
-  }
+  optimizer().set_steps_taken(adam);
   tokens_seen_ = tokens;
   train_data_->restore(meta.at("train_loader"));
   params_changed();

@@ -13,7 +13,6 @@
 #include <limits>
 
 #include "lattice/comm/process_mesh.h"
-#include "lattice/parallel/tensor/tensor_parallel.h"
 #include "lattice/comm/runtime.h"
 #include "lattice/core/error.h"
 #include "lattice/core/memory.h"
@@ -25,10 +24,12 @@
 #include "lattice/io/metrics.h"
 #include "lattice/io/safetensors.h"
 #include "lattice/kernels/ops.h"
+#include "lattice/layers/tensor/tensor_parallel.h"
 #include "lattice/parallel/data/data_parallel.h"
+#include "lattice/parallel/pipeline/executor.h"
+#include "lattice/parallel/pipeline/timeline.h"
 #include "lattice/parallel/zero/disk_store.h"
 #include "lattice/train/model_io.h"
-#include "lattice/train/pipeline_state.h"
 
 namespace lattice::train {
 
@@ -58,19 +59,6 @@ class StopSignalScope {
   void (*old_term_)(int);
 };
 
-std::string human_count(double x) {
-  char buf[32];
-  if (x >= 1e9)
-    std::snprintf(buf, sizeof buf, "%.2fB", x / 1e9);
-  else if (x >= 1e6)
-    std::snprintf(buf, sizeof buf, "%.2fM", x / 1e6);
-  else if (x >= 1e3)
-    std::snprintf(buf, sizeof buf, "%.1fK", x / 1e3);
-  else
-    std::snprintf(buf, sizeof buf, "%.0f", x);
-  return buf;
-}
-
 }  // namespace
 
 model::ModelConfig model_config_of(const io::ModelSection& m) {
@@ -91,14 +79,14 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   compute_ = parse_dtype(config_.precision.compute);
   if (compute_ == DType::F16) {
     const io::PrecisionSection& pr = config_.precision;
-    LossScalerConfig sc;
+    optim::LossScalerConfig sc;
     sc.dynamic = pr.dynamic_loss_scale();
     sc.scale = sc.dynamic ? pr.loss_scale_init : pr.loss_scale;
     sc.backoff = pr.loss_scale_backoff;
     sc.growth = pr.loss_scale_growth;
     sc.window = pr.loss_scale_window;
     sc.min_scale = std::min(pr.loss_scale_min, sc.scale);
-    scaler_ = LossScaler(sc);
+    scaler_ = optim::LossScaler(sc);
   }
   const auto& p = config_.parallel;
   // The mesh first: sizes whose product is not the number of ranks started
@@ -145,26 +133,76 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   peak_flops_ = peak_.fp32_gflops_per_core * 1e9 * num_threads();
 
   const uint64_t seed = static_cast<uint64_t>(config_.train.seed);
-  // The model declares its parameters; data parallelism and ZeRO (one rank:
-  // stage 0 over a group of one, no communication) allocate what this rank
-  // keeps, and own the optimizer and the gradient reduction.
-  if (p.pp > 1) {
-    build_pipeline(seed);
-  } else {
-    build_replicas(seed);
-  }
+  build(seed);
   setup_data(seed);
 }
 
-void Trainer::build_replicas(uint64_t seed) {
+Trainer::~Trainer() = default;
+
+model::GPT& Trainer::model() { return *parts_.front(); }
+
+optim::AdamW& Trainer::optimizer() { return dp_->optimizer(); }
+
+void Trainer::build(uint64_t seed) {
   const auto& p = config_.parallel;
+  // The schedule: pp = 1 is a one-stage schedule (1F1B: F and B per
+  // micro-batch; ZB-H1: the split I and W backward), run like any other.
+  const std::string& name = p.schedule;
+  if (name.rfind("csv:", 0) == 0) {
+    const std::string path = name.substr(4);
+    schedule_ = pipeline::from_csv(io::read_whole_file(path, "parallel.schedule"), path);
+    LATTICE_CHECK(schedule_.ranks == p.pp, "parallel.schedule=" << name << " has " << schedule_.ranks
+                                                                << " rows (ranks) but parallel.pp=" << p.pp);
+    LATTICE_CHECK(schedule_.micro_batches == micro_batches_,
+                  "parallel.schedule=" << name << " runs " << schedule_.micro_batches
+                                       << " micro-batches but a step has " << micro_batches_
+                                       << " (train.grad_accum_steps, or global_batch_size / micro_batch_size)");
+  } else {
+    schedule_ = pipeline::make_schedule(name, p.pp, p.virtual_stages, micro_batches_);
+  }
+  pipeline::validate(schedule_);
+  // The cut of the layers into the schedule's stages.
+  const int S = schedule_.stages, T = config_.model.seq_len;
+  if (p.partition.empty()) {
+    const std::vector<double> costs = pipeline::layer_costs(model_config_, T);
+    cut_ = pipeline::refine_partition(costs, pipeline::balanced_partition(costs, S, schedule_.rank_of_stage),
+                                      schedule_);
+  } else {
+    std::vector<int> layers;
+    size_t begin = 0;
+    while (begin <= p.partition.size()) {
+      size_t end = p.partition.find(',', begin);
+      if (end == std::string::npos) end = p.partition.size();
+      const std::string item = p.partition.substr(begin, end - begin);
+      char* stop = nullptr;
+      const long n = std::strtol(item.c_str(), &stop, 10);
+      LATTICE_CHECK(!item.empty() && *stop == '\0',
+                    "parallel.partition=\"" << p.partition << "\": '" << item << "' is not a number of layers");
+      layers.push_back(static_cast<int>(n));
+      begin = end + 1;
+    }
+    cut_ = pipeline::explicit_partition(layers, model_config_.n_layer, S, "parallel.partition=\"" + p.partition + "\"");
+  }
+  // This rank's parts: the stages its pipeline rank runs, each in this TP
+  // rank's slices, declared only: the data-parallel engine allocates what
+  // the ZeRO stage keeps.
   if (p.tp > 1) tp_ = std::make_unique<tensor::TensorParallel>(mesh_->tp(), p.sequence_parallel);
-  model_ = std::make_unique<model::GPT>(model_config_, model::GPT::Unallocated{}, tp_.get());
-  model_->set_compute_dtype(compute_);
+  std::vector<model::GPT*> parts;
+  part_of_stage_.assign(static_cast<size_t>(S), -1);
+  for (int s = 0; s < S; s++) {
+    if (schedule_.rank_of_stage[s] != mesh_->coord().pp) continue;
+    const model::StageLayers layers{cut_[s].first, cut_[s].last};
+    parts_.push_back(std::make_unique<model::GPT>(model_config_, model::GPT::Unallocated{}, tp_.get(), layers));
+    parts_.back()->set_compute_dtype(compute_);
+    part_of_stage_[s] = static_cast<int>(parts.size());
+    parts.push_back(parts_.back().get());
+  }
+  layout_model_ = std::make_unique<model::GPT>(model_config_, model::GPT::Unallocated{});
+
   parallel::DataParallelOptions dpo;
   dpo.zero_stage = p.zero_stage;
   dpo.bucket_bytes = p.bucket_mb * 1024.0 * 1024.0;
-  dpo.progress = parallel::progress_from_env();
+  dpo.progress = comm::progress_from_env();
   dpo.offload_to_disk = config_.zero.offload == "disk";
   dpo.offload_dir = config_.zero.offload_dir;
   dpo.offload_window_bytes = config_.zero.offload_window_mb * 1024.0 * 1024.0;
@@ -172,33 +210,40 @@ void Trainer::build_replicas(uint64_t seed) {
   dpo.adam.beta2 = static_cast<float>(config_.optim.beta2);
   dpo.adam.eps = static_cast<float>(config_.optim.eps);
   dpo.adam.weight_decay = static_cast<float>(config_.optim.weight_decay);
-  // The gradient norm over the TP group counts replicated parameters on TP rank 0 only.
-  dpo.count_replicated = mesh_->coord().tp == 0;
   dpo.compression = compression_options();
-  dp_ = std::make_unique<parallel::DataParallel>(*model_, mesh_->dp(), dpo);
-  // Initial values: drawn, or from a model file (every rank reads it and
-  // keeps its part); resuming overwrites them all, so nothing is drawn then.
+  dp_ = std::make_unique<parallel::DataParallel>(parts, mesh_->dp(), dpo);
+  executor_ = std::make_unique<pipeline::Executor>(schedule_, parts, mesh_->pp());
+  // The wiring: the engine reduces a part's gradients in its last backward
+  // of the step, told by the executor; the tied embedding's two copies (first
+  // and last stage) are summed by the engine after their reductions, over
+  // the executor's link between those stages.
+  executor_->set_sum_tied_embedding(false);
+  executor_->on_backward([this](int stage, bool last) { dp_->before_backward(part_of_stage_[stage], last); });
+  executor_->on_stage_done([this](int stage) { dp_->part_done(part_of_stage_[stage]); });
+  pipeline::Executor* ex = executor_.get();
+  dp_->set_tied_sum([ex](float* first, float* last, size_t n) { ex->sum_tied(first, last, n); });
+
+  // Initial values: drawn (each rank only what it keeps), or from a model
+  // file (every rank reads it and keeps its part); resuming overwrites them
+  // all, so nothing is drawn then.
   if (!config_.checkpoint.init_from.empty()) {
     io::SafeTensorsReader file(config_.checkpoint.init_from);
     const HfSource src = safetensors_source(file, config_.checkpoint.init_from);
-    for (size_t g = 0; g < model_->groups().size(); g++) {
-      std::vector<float> full(static_cast<size_t>(model_->groups()[g].capacity()), 0.0f);
-      import_hf_group(model_->groups()[g], full.data(), src);
-      dp_->load_full(g, parallel::DataParallel::State::Params, full.data());
-    }
+    load_state(&src, 1);
   } else if (config_.checkpoint.resume.empty()) {
     dp_->initialize(seed);
   }
+  const size_t n = static_cast<size_t>(config_.train.micro_batch_size) * T;
+  inputs_.assign(static_cast<size_t>(micro_batches_), std::vector<int32_t>(n));
+  targets_.assign(static_cast<size_t>(micro_batches_), std::vector<int32_t>(n));
 }
 
 void Trainer::setup_data(uint64_t seed) {
   const auto& p = config_.parallel;
-  const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
-
   // Each rank reads its part of every global batch (data/loader.h).
   BatchLayout layout;
-  layout.B = B;
-  layout.T = T;
+  layout.B = config_.train.micro_batch_size;
+  layout.T = config_.model.seq_len;
   layout.dp_rank = mesh_->coord().dp;
   layout.dp_size = p.dp;
   layout.micro_batches = micro_batches_;
@@ -210,9 +255,6 @@ void Trainer::setup_data(uint64_t seed) {
     train_data_ = make_shard_source(config_.data.train, layout, V, seed, true);
     if (!config_.data.val.empty()) val_data_ = make_shard_source(config_.data.val, layout, V, seed, false);
   }
-  inputs_.resize(static_cast<size_t>(B) * T);
-  targets_.resize(static_cast<size_t>(B) * T);
-
   if (!config_.checkpoint.resume.empty()) {
     LATTICE_CHECK(!config_.checkpoint.dir.empty() || config_.checkpoint.resume != "latest",
                   "checkpoint.resume=latest needs checkpoint.dir to say where to look");
@@ -293,20 +335,19 @@ bool Trainer::apply_update(double loss, double norm) {
   float bad = std::isfinite(norm) ? 0.0f : 1.0f;
   if (mesh_->world().size() > 1) mesh_->world().all_reduce(&bad, 1, DType::F32, comm::ReduceOp::Max);
   const double scale = scaler_.scale();
-  const LossScalerConfig& sc = scaler_.config();
-  LATTICE_CHECK(bad == 0.0f || (sc.dynamic ? scale > sc.min_scale : scaler_.skipped_in_a_row() + 1 < kStaticSkipLimit),
+  const optim::LossScalerConfig& sc = scaler_.config();
+  LATTICE_CHECK(bad == 0.0f || (sc.dynamic ? scale > sc.min_scale : scaler_.skipped_in_a_row() + 1 < optim::kStaticSkipLimit),
                 "step " << step_ + 1 << ": the gradients overflow at "
                         << (sc.dynamic ? "the dynamic loss scale's floor precision.loss_scale_min="
                                        : "the static loss scale ")
-                        << scale << (sc.dynamic ? "" : ", " + std::to_string(kStaticSkipLimit) + " steps in a row")
+                        << scale << (sc.dynamic ? "" : ", " + std::to_string(optim::kStaticSkipLimit) + " steps in a row")
                         << ": f16 cannot hold this run's gradients; lower optim.lr, check the data, or use "
                            "precision.compute=\"bf16\"");
   const bool apply = scaler_.update(bad == 0.0f);
   // Compression's error feedback holds scaled gradients: it follows the scale,
   // and a skipped step's errors are dropped.
   if (config_.compression.grad != "none" && config_.compression.error_feedback && (!apply || scaler_.scale() != scale)) {
-    parallel::GradientReducer& r = pipe_ ? pipe_->optimizer->reducer() : dp_->reducer();
-    r.scale_errors(apply ? static_cast<float>(scaler_.scale() / scale) : 0.0f);
+    dp_->reducer().scale_errors(apply ? static_cast<float>(scaler_.scale() / scale) : 0.0f);
   }
   if (!apply && is_root_ && options_.print) {
     std::printf("lattice: step %lld: gradients overflowed at loss scale %g on some rank; the step is skipped "
@@ -318,9 +359,7 @@ bool Trainer::apply_update(double loss, double norm) {
 }
 
 void Trainer::params_changed() {
-  if (model_) model_->params_changed();
-  if (pipe_)
-    for (auto& m : pipe_->models) m->params_changed();
+  for (auto& part : parts_) part->params_changed();
 }
 
 parallel::CompressionOptions Trainer::compression_options() const {
@@ -337,52 +376,45 @@ StepStats Trainer::train_step() {
   return ending_job_on_error(*mesh_, [&] { return train_step_unguarded(); });
 }
 
+std::vector<pipeline::MicroBatch> Trainer::next_batches(BatchSource& source) {
+  std::vector<pipeline::MicroBatch> batches;
+  for (int k = 0; k < micro_batches_; k++) {
+    source.next(inputs_[k].data(), targets_[k].data());
+    batches.push_back({inputs_[k].data(), targets_[k].data()});
+  }
+  return batches;
+}
+
 StepStats Trainer::train_step_unguarded() {
   Timer timer;
   const double step_scale = scaler_.scale();
   const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
-  double loss = 0, norm = 0;
-  float lr = optim::lr_at(step_, config_.train.steps, config_.optim.warmup_steps,
-                          static_cast<float>(config_.optim.lr), static_cast<float>(config_.optim.min_lr));
-  uint64_t tp_bytes_before = 0;
-  if (pipe_) {
-    tp_bytes_before = tp_ ? tp_->group().stats().bytes_sent : 0;
-    if (tp_) tp_->reset_comm_seconds();
-    loss = pipeline_step(lr, &norm);  // the micro-batches through the stages, and the update
-  } else {
-    const int micro = micro_batches_, ranks = dp_->ranks();
-    tp_bytes_before = tp_ ? tp_->group().stats().bytes_sent : 0;
-    if (tp_) tp_->reset_comm_seconds();
-    dp_->begin_step(step_);
-    double loss_sum = 0;
-    for (int m = 0; m < micro; m++) {
-      dp_->begin_micro_batch(m == micro - 1);
-      train_data_->next(inputs_.data(), targets_.data());
-      loss_sum += model_->forward(0, inputs_.data(), targets_.data(), B, T, loss_grad_factor() / static_cast<float>(micro));
-      if (options_.split_backward) {
-        model_->backward_input(0);
-        model_->backward_weight(0);
-      } else {
-        model_->backward(0);
-      }
-    }
-    dp_->finish_gradients();
-    if (tp_) parallel::average_replicated_grads(dp_->reducer(), dp_->optimizer(), mesh_->tp());
-    // The gradients now hold the sum over ranks of each rank's mean over its
-    // micro-batches: 1/ranks makes it the mean over the global batch. (Every
-    // rank of a TP group has the whole loss: the vocabulary-parallel loss is
-    // reduced over the group.)
-    loss = dp_->sum_over_ranks(loss_sum) / (static_cast<double>(micro) * ranks);
-    double sum_squares = dp_->grad_sum_squares();
-    if (tp_) mesh_->tp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
-    // The norm of the mean gradient, the loss scale taken out.
-    const double scale = scaler_.scale();
-    norm = std::sqrt(sum_squares) / ranks / scale;
-    if (apply_update(loss, norm)) {
-      dp_->optimizer_step(lr, static_cast<float>(optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) /
-                                                 (static_cast<double>(ranks) * scale)));
-      params_changed();
-    }
+  const float lr = optim::lr_at(step_, config_.train.steps, config_.optim.warmup_steps,
+                                static_cast<float>(config_.optim.lr), static_cast<float>(config_.optim.min_lr));
+  const uint64_t tp_bytes_before = tp_ ? tp_->group().stats().bytes_sent : 0;
+  if (tp_) tp_->reset_comm_seconds();
+  // The micro-batches through the schedule; each part's gradients go to the
+  // other replicas as its last backward of the step writes them.
+  dp_->begin_step(step_);
+  executor_->set_loss_scale(loss_grad_factor());
+  double loss = executor_->run_step(next_batches(*train_data_), B, T);
+  dp_->finish_gradients();
+  if (tp_) parallel::average_replicated_grads(dp_->reducer(), dp_->optimizer(), mesh_->tp());
+  // The gradients now hold the sum over the replicas of each one's mean over
+  // its micro-batches: 1/replicas makes it the mean over the global batch.
+  // (Every rank of a pipeline and of a TP group has the whole loss.)
+  const int replicas = dp_->ranks();
+  loss = dp_->sum_over_ranks(loss) / replicas;
+  // Σ g² over the pipeline's stages and the TP slices, each element once.
+  double sum_squares = dp_->grad_sum_squares();
+  if (mesh_->pp().size() > 1) mesh_->pp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
+  if (tp_) mesh_->tp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
+  // The norm of the mean gradient, the loss scale taken out.
+  const double norm = std::sqrt(sum_squares) / replicas / step_scale;
+  if (apply_update(loss, norm)) {
+    dp_->optimizer_step(lr, static_cast<float>(optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) /
+                                               (static_cast<double>(replicas) * step_scale)));
+    params_changed();
   }
   step_++;
   const double tokens = static_cast<double>(io::global_batch_size(config_)) * T;
@@ -396,28 +428,29 @@ StepStats Trainer::train_step_unguarded() {
   s.skipped = scaler_.last_skipped();
   s.loss_scale = step_scale;
   s.step_ms = timer.millis();
-  s.tokens_per_sec = tokens / (s.step_ms / 1e3);
-  // Model FLOPs of the whole job over the peak of every rank's threads.
-  const int world = mesh_->world().size();
-  s.mfu = s.tokens_per_sec * model_config_.flops_per_token(T) / (peak_flops_ * world);
   if (tp_) {
     s.tp_comm_ms = tp_->comm_seconds() * 1e3;
     s.tp_comm_bytes = tp_->group().stats().bytes_sent - tp_bytes_before;
   }
   s.peak_mem_bytes = MemoryTracker::instance().peak_total();
-  if (dp_) {
-    const parallel::DataParallel::StepComm c = dp_->last_step_comm();
-    s.comm_ms = c.ran_s * 1e3;
-    s.comm_exposed_ms = c.exposed_s * 1e3;
-    s.comm_hidden = c.hidden();
-    s.comm_bytes = c.bytes;
-    const parallel::GradientReducer::Bytes g = dp_->reducer().bytes();
-    s.grad_bytes = g.sent;
-    s.grad_bytes_uncompressed = g.uncompressed;
-  }
-  if (pipe_) {
-    pipeline_bubbles(&s.pp_bubble, &s.pp_bubble_simulated);
-    pipeline_grad_bytes(&s.grad_bytes, &s.grad_bytes_uncompressed);
+  const parallel::DataParallel::StepComm c = dp_->last_step_comm();
+  s.comm_ms = c.ran_s * 1e3;
+  s.comm_exposed_ms = c.exposed_s * 1e3;
+  s.comm_hidden = c.hidden();
+  s.comm_bytes = c.bytes;
+  const parallel::GradientReducer::Bytes g = dp_->reducer().bytes();
+  s.grad_bytes = g.sent;
+  s.grad_bytes_uncompressed = g.uncompressed;
+  if (schedule_.ranks > 1) {
+    // The measured bubble beside the simulator's, fed this step's mean cost
+    // of each kind of action on each stage.
+    const auto timelines = executor_->gather_timelines();
+    s.pp_bubble = pipeline::bubble_of(timelines);
+    s.pp_bubble_simulated = pipeline::simulate(schedule_, pipeline::measured_costs(timelines, schedule_.stages)).bubble;
+    if (!config_.log.trace_file.empty() && is_root_)  // the latest step's timeline (Perfetto, chrome://tracing)
+      io::write_file_atomic(config_.log.trace_file,
+                            pipeline::chrome_trace(timelines, 1.0,
+                                                   "lattice step " + std::to_string(step_) + ", " + schedule_.name));
   }
   if (mesh_->world().size() > 1) {
     // The job's step took as long as its slowest rank; memory is the largest rank's.
@@ -425,24 +458,20 @@ StepStats Trainer::train_step_unguarded() {
     mesh_->world().all_reduce(worst, 2, DType::F64, comm::ReduceOp::Max);
     s.step_ms = worst[0];
     s.peak_mem_bytes = static_cast<size_t>(worst[1]);
-    s.tokens_per_sec = tokens / (s.step_ms / 1e3);
-    s.mfu = s.tokens_per_sec * model_config_.flops_per_token(T) / (peak_flops_ * world);
   }
+  // Model FLOPs of the whole job over the peak of every rank's threads.
+  s.tokens_per_sec = tokens / (s.step_ms / 1e3);
+  s.mfu = s.tokens_per_sec * model_config_.flops_per_token(T) / (peak_flops_ * mesh_->world().size());
   return s;
 }
 
 double Trainer::evaluate() {
   if (!val_data_) return -1;
-  if (pipe_) return pipeline_evaluate();
-  const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
   val_data_->reset();
   double sum = 0;
   for (int i = 0; i < config_.train.eval_steps; i++)
-    for (int m = 0; m < micro_batches_; m++) {
-      val_data_->next(inputs_.data(), targets_.data());
-      sum += model_->evaluate(inputs_.data(), targets_.data(), B, T);
-    }
-  return dp_->sum_over_ranks(sum) / (static_cast<double>(config_.train.eval_steps) * micro_batches_ * dp_->ranks());
+    sum += executor_->evaluate(next_batches(*val_data_), config_.train.micro_batch_size, config_.model.seq_len);
+  return dp_->sum_over_ranks(sum) / (static_cast<double>(config_.train.eval_steps) * dp_->ranks());
 }
 
 int Trainer::stop_requested() {
@@ -451,99 +480,6 @@ int Trainer::stop_requested() {
   float flag = static_cast<float>(local);
   mesh_->world().all_reduce(&flag, 1, DType::F32, comm::ReduceOp::Max);
   return static_cast<int>(flag);
-}
-
-void Trainer::print_header() const {
-  if (!options_.print || !is_root_) return;
-  const auto& m = config_.model;
-  std::printf("lattice: GPT %s parameters (n_layer=%d n_head=%d n_embd=%d vocab=%d seq_len=%d)\n",
-              human_count(static_cast<double>(model_config_.num_params())).c_str(), m.n_layer, m.n_head, m.n_embd,
-              m.vocab_size, m.seq_len);
-  std::printf("lattice: batch %d x %d tokens x %d micro-batches x %d data-parallel ranks = %lld tokens/step, %lld steps, "
-              "%d threads per rank\n",
-              config_.train.micro_batch_size, m.seq_len, micro_batches_, config_.parallel.dp,
-              static_cast<long long>(io::global_batch_size(config_) * m.seq_len),
-              static_cast<long long>(config_.train.steps), num_threads());
-  if (oversubscribed_) {
-    const int cores = node_cores();
-    if (bound_)
-      std::printf("lattice: warning: %d threads per rank on the %d core(s) mpiexec bound each rank to: threads wait "
-                  "for each other's cores and a step can take many times longer; set train.threads=%d (or 0), or "
-                  "start with mpiexec --bind-to none\n",
-                  num_threads(), cpus_, cpus_);
-    else if (local_ranks_ > cores)
-      std::printf("lattice: warning: %d ranks on this node's %d cores: they take turns, so steps are slow and time "
-                  "figures mean nothing (fine for checking correctness)\n",
-                  local_ranks_, cores);
-    else
-      std::printf("lattice: warning: %d ranks x %d threads on this node's %d cores: threads wait for each other's "
-                  "cores and a step can take many times longer; set train.threads=%d (or 0 to share the cores)\n",
-                  local_ranks_, num_threads(), cores, cpus_);
-  } else if (bound_ && local_ranks_ * cpus_ < node_cores()) {
-    std::printf("lattice: note: mpiexec bound each rank to %d of this node's %d cores, leaving %d idle; "
-                "mpiexec --bind-to none lets the ranks share them all\n",
-                cpus_, node_cores(), node_cores() - local_ranks_ * cpus_);
-  }
-  if (dp_) std::printf("lattice: %s\n", dp_->describe().c_str());
-  if (compute_ == DType::BF16)
-    std::printf("lattice: precision: bf16 compute (weights and stored activations rounded to bf16, f32 master "
-                "weights, Adam moments, gradients and accumulation); no loss scale: bf16 has f32's exponent range\n");
-  else if (compute_ == DType::F16)
-    std::printf("lattice: precision: f16 compute (weights and stored activations rounded to f16, f32 master "
-                "weights, Adam moments, gradients and accumulation); %s\n",
-                scaler_.describe().c_str());
-  if (pipe_) std::printf("lattice: %s\n", describe_pipeline().c_str());
-  if (tp_) {
-    const model::GPT& any = pipe_ ? const_cast<Trainer*>(this)->model() : *model_;
-    const model::GPT::Dims& d = any.dims();
-    std::printf("lattice: tensor parallel over %d ranks%s: each holds %d of %d heads, %d of %d MLP columns and %d of "
-                "%d vocabulary rows (padded from %d)\n",
-                tp_->size(), tp_->sequence_parallel() ? ", sequence parallel" : "", d.NH, m.n_head, d.F,
-                4 * m.n_embd, d.V, any.wte_rows(), m.vocab_size);
-  }
-  if (config_.parallel.zero_stage > 0 && config_.parallel.dp == 1)
-    std::printf("lattice: note: parallel.zero_stage=%d with parallel.dp=1 shards over one rank: it runs the "
-                "stage's machinery and trains the same model as stage 0%s\n",
-                config_.parallel.zero_stage, config_.zero.offload == "disk" ? " (the offload still applies)" : "");
-  if (config_.compression.grad != "none" && config_.parallel.dp == 1)
-    std::printf("lattice: note: compression.grad=%s with parallel.dp=1: one rank sends no gradients, so nothing "
-                "is compressed\n",
-                config_.compression.grad.c_str());
-  std::printf("lattice: data %s\n", train_data_->describe().c_str());
-  if (val_data_ && config_.train.eval_every > 0)
-    std::printf("lattice: eval every %lld steps on %s\n", static_cast<long long>(config_.train.eval_every),
-                val_data_->describe().c_str());
-  std::printf("lattice: machine %s\n", describe_machine().c_str());
-  std::printf("lattice: MFU relative to %.0f GFLOP/s fp32 (%d threads x %.1f, %s; LATTICE_PEAK_GFLOPS_PER_CORE overrides)\n",
-              peak_flops_ / 1e9, num_threads(), peak_.fp32_gflops_per_core, peak_.source.c_str());
-  std::fflush(stdout);
-}
-
-void Trainer::print_step(const StepStats& s) const {
-  if (!options_.print || !is_root_) return;
-  char val[48] = "";
-  if (s.val_loss >= 0) std::snprintf(val, sizeof val, " | val %.4f", s.val_loss);
-  char comm[96] = "";
-  if (dp_ && dp_->ranks() > 1)
-    std::snprintf(comm, sizeof comm, " | comm %.0f ms, %.0f%% hidden, %.0f ms exposed", s.comm_ms,
-                  100.0 * s.comm_hidden, s.comm_exposed_ms);
-  char bubble[64] = "";
-  if (s.pp_bubble >= 0)
-    std::snprintf(bubble, sizeof bubble, " | bubble %.0f%% (simulated %.0f%%)", 100.0 * s.pp_bubble,
-                  100.0 * s.pp_bubble_simulated);
-  char scale[80] = "";
-  if (compute_ == DType::F16)
-    std::snprintf(scale, sizeof scale, " | scale %g%s", s.loss_scale, s.skipped ? " (overflow: skipped)" : "");
-  char tp[64] = "";
-  if (tp_)
-    std::snprintf(tp, sizeof tp, " | tp comm %.0f ms (%.0f%%)", s.tp_comm_ms,
-                  s.step_ms > 0 ? 100.0 * s.tp_comm_ms / s.step_ms : 0.0);
-  std::printf("step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f%s | %.1f ms | %s tok/s | MFU %.1f%% | mem %s%s%s%s\n",
-              static_cast<int>(std::to_string(config_.train.steps).size()), static_cast<long long>(s.step),
-              static_cast<long long>(config_.train.steps), s.loss, val, s.lr, s.grad_norm, scale, s.step_ms,
-              human_count(s.tokens_per_sec).c_str(), 100.0 * s.mfu,
-              format_bytes(static_cast<double>(s.peak_mem_bytes)).c_str(), comm, bubble, tp);
-  std::fflush(stdout);
 }
 
 int Trainer::run() {
@@ -563,40 +499,7 @@ int Trainer::run_unguarded() {
     }
     history_.push_back(s);
     if (config_.log.every > 0 && (step_ % config_.log.every == 0 || last || s.val_loss >= 0)) print_step(s);
-    if (metrics_) {
-      std::vector<std::pair<std::string, double>> fields = {
-          {"step", static_cast<double>(s.step)}, {"loss", s.loss},
-          {"lr", s.lr},
-          {"grad_norm", s.grad_norm},
-          {"step_ms", s.step_ms},
-          {"tokens_per_sec", s.tokens_per_sec},
-          {"mfu", s.mfu},
-          {"peak_mem_bytes", static_cast<double>(s.peak_mem_bytes)},
-          {"tokens", static_cast<double>(tokens_seen_)},
-          {"comm_ms", s.comm_ms},
-          {"comm_hidden", s.comm_hidden},
-          {"comm_exposed_ms", s.comm_exposed_ms},
-          {"comm_bytes", static_cast<double>(s.comm_bytes)}};
-      if (config_.compression.grad != "none") {
-        fields.push_back({"grad_bytes", static_cast<double>(s.grad_bytes)});
-        fields.push_back({"grad_bytes_uncompressed", static_cast<double>(s.grad_bytes_uncompressed)});
-      }
-      if (compute_ == DType::F16) {
-        fields.push_back({"loss_scale", s.loss_scale});
-        fields.push_back({"skipped", s.skipped ? 1.0 : 0.0});
-        fields.push_back({"skipped_total", static_cast<double>(scaler_.skipped())});
-      }
-      if (s.pp_bubble >= 0) {
-        fields.push_back({"pp_bubble", s.pp_bubble});
-        fields.push_back({"pp_bubble_simulated", s.pp_bubble_simulated});
-      }
-      if (tp_) {
-        fields.push_back({"tp_comm_ms", s.tp_comm_ms});
-        fields.push_back({"tp_comm_bytes", static_cast<double>(s.tp_comm_bytes)});
-      }
-      if (s.val_loss >= 0) fields.push_back({"val_loss", s.val_loss});
-      metrics_->write(fields);
-    }
+    write_metrics(s);
     const bool want_ckpt = !config_.checkpoint.dir.empty() &&
                            ((config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0) || last);
     // One decision for the job: a signal on any rank stops every rank after
@@ -618,28 +521,7 @@ int Trainer::run_unguarded() {
       if (is_root_ && options_.print) std::printf("lattice: saved checkpoint %s\n", dir.c_str());
     }
   }
-  if (options_.print && is_root_) {
-    const int64_t ran = step_ - first_step;
-    double tok_s = 0;
-    // Steady-state throughput: skip the first step (allocation, warm-up) when there are others.
-    double ms = 0;
-    int counted = 0;
-    for (size_t i = history_.size() > 1 ? 1 : 0; i < history_.size(); i++, counted++) ms += history_[i].step_ms;
-    if (counted > 0 && ms > 0)
-      tok_s = counted * static_cast<double>(io::global_batch_size(config_)) * config_.model.seq_len / (ms / 1e3);
-    std::printf("lattice: done, %lld steps in %.1f s, final loss %.4f", static_cast<long long>(ran),
-                total.seconds(), history_.empty() ? 0.0 : history_.back().loss);
-    for (auto it = history_.rbegin(); it != history_.rend(); ++it)
-      if (it->val_loss >= 0) {
-        std::printf(", val loss %.4f", it->val_loss);
-        break;
-      }
-    std::printf(", %s tok/s, MFU %.1f%%\n", human_count(tok_s).c_str(),
-                100.0 * tok_s * model_config_.flops_per_token(config_.model.seq_len) /
-                    (peak_flops_ * mesh_->world().size()));
-    std::printf("lattice: peak memory %s\n", MemoryTracker::instance().summary().c_str());
-    std::fflush(stdout);
-  }
+  print_summary(total.seconds(), step_ - first_step);
   return 0;
 }
 

@@ -1,21 +1,24 @@
 // Trainer: builds the model, optimizer, data and logging from a RunConfig and
-// runs the step loop, on one process or as one rank of a dp × tp job: each
-// tensor-parallel group of parallel.tp ranks holds one replica of the model
-// in slices (parallel/tensor), and data parallelism (with ZeRO sharding over
-// the dp ranks of each TP rank) runs over the replicas.
+// runs the step loop. Every run is one path: a schedule over this rank's
+// model parts. The mesh places the rank in a (pp, dp, tp) grid; the rank
+// holds the stages of the pipeline schedule its pp coordinate runs — the
+// whole model, one part and a one-stage schedule, at pp = 1 — each in
+// tensor-parallel slices under tp > 1 (layers/tensor). One executor
+// (parallel/pipeline) runs the schedule over the parts; one data-parallel
+// engine (parallel/data: ZeRO 0-3, offload, compression) wraps every part and
+// is told by the executor, through the wiring here, when a part's last
+// backward of the step begins and ends.
 //
 // One optimizer step = one global batch (train.global_batch_size, or dp ×
-// micro_batch_size × grad_accum_steps sequences): each data-parallel rank
-// runs its micro-batches (forward + backward, loss scaled by 1/micro-batches),
-// the gradients are summed over the ranks (parallel::DataParallel, with the
-// ZeRO stage's sharding), then the global gradient norm, clipping, this
-// step's learning rate and one AdamW update on each rank's shard. Every step
-// prints one line on rank 0 (step, loss, lr, grad norm, ms, tokens/s, MFU,
-// peak memory, and with dp > 1 the communication time and the share of it
-// hidden behind the backward) and appends one JSON object to
-// log.metrics_file. Loss, token counts and norms are reduced over the ranks,
-// so the line describes the whole job; the run's decisions (stop on a
-// signal, refuse a non-finite step) are taken once for every rank.
+// micro_batch_size × grad_accum_steps sequences): each data-parallel replica
+// runs its micro-batches through the schedule (loss scaled by 1/micro-batches),
+// the gradients are summed over the replicas as the backward goes, then the
+// global gradient norm, clipping, this step's learning rate and one AdamW
+// update on each rank's shard. Every step prints one line on rank 0 and
+// appends one JSON object to log.metrics_file (report.cpp). Loss, token counts
+// and norms are reduced over the ranks, so the line describes the whole job;
+// the run's decisions (stop on a signal, refuse a non-finite step) are taken
+// once for every rank.
 #pragma once
 
 #include <cstdint>
@@ -26,8 +29,10 @@
 #include "lattice/io/config.h"
 #include "lattice/model/gpt.h"
 #include "lattice/optim/adamw.h"
+#include "lattice/optim/loss_scaler.h"
+#include "lattice/parallel/pipeline/partition.h"
+#include "lattice/parallel/pipeline/schedule.h"
 #include "lattice/train/batches.h"
-#include "lattice/train/loss_scaler.h"
 #include "lattice/train/machine.h"
 #include "lattice/train/model_io.h"
 
@@ -47,6 +52,7 @@ class TensorParallel;
 }
 namespace lattice::pipeline {
 struct MicroBatch;
+class Executor;
 }
 
 namespace lattice::train {
@@ -81,10 +87,6 @@ struct TrainerOptions {
   // Ranks to lay the mesh over; null = every rank of the job (MPI_COMM_WORLD).
   // Tests use a one-rank split to run a reference beside a parallel layout.
   comm::Communicator* ranks = nullptr;
-  // Runs each micro-batch's backward split, backward_input then
-  // backward_weight (as zero-bubble pipeline schedules will), instead of the
-  // fused backward: the same arithmetic, tested to train the same model.
-  bool split_backward = false;
   // Tests: at step index `poison_step` (from 0), rank `poison_rank` of the job's ranks
   // multiplies its loss gradient by infinity, as an f16 overflow in its
   // backward would (-1: never).
@@ -111,9 +113,8 @@ class Trainer {
   // Loads a step directory (model, optimizer, step, loader position, RNG).
   void load_checkpoint(const std::string& step_dir);
 
-  // The model (under pipeline parallelism: the first stage this rank runs).
+  // This rank's first model part (the whole model at pp = 1).
   model::GPT& model();
-  bool pipelined() const { return pipe_ != nullptr; }
   optim::AdamW& optimizer();
   parallel::DataParallel& data_parallel() { return *dp_; }
   // Every parameter as its full logical tensor in HF layout (the checkpoint's
@@ -128,37 +129,40 @@ class Trainer {
   const std::vector<StepStats>& history() const { return history_; }
   // precision.compute, and f16's loss scale (scale 1, never moving, otherwise).
   DType compute_dtype() const { return compute_; }
-  const LossScaler& loss_scaler() const { return scaler_; }
+  const optim::LossScaler& loss_scaler() const { return scaler_; }
   // Peak FLOP/s that MFU is relative to (threads × measured per-core peak).
   double peak_flops() const { return peak_flops_; }
   const MachinePeak& machine_peak() const { return peak_; }
 
  private:
+  // The run header, the step line, the metrics record and the closing
+  // summary (report.cpp).
   void print_header() const;
   void print_step(const StepStats& s) const;
+  void write_metrics(const StepStats& s);
+  void print_summary(double seconds, int64_t steps_ran) const;
+  std::string describe_pipeline() const;
   StepStats train_step_unguarded();
   int run_unguarded();
   // The signal number if any rank was asked to stop, else 0 (collective).
   int stop_requested();
-  // Group g's buffer `which` as HF tensors: gathered over the DP group, then
-  // over the TP group. Collective; `all_ranks` false lets ranks other than
-  // the world's root skip the TP assembly (they return nothing).
+  // The schedule, the cut of the layers into its stages, this rank's parts,
+  // the data-parallel engine over them and the executor, wired together.
+  void build(uint64_t seed);
+  void setup_data(uint64_t seed);  // batch sources, resume, metrics file
+  // The whole model's group g (index in layout_model_) as HF tensors: its
+  // owner stage's rank gathers it over the data-parallel group and
+  // assembles it over the TP group, then sends it to the world's root, or
+  // with `all_ranks` broadcasts it to every rank. Collective.
   std::vector<HfTensor> group_tensors(size_t g, ModelBuffer which, bool all_ranks);
   // A group's full HF tensors from this TP rank's buffer `local` (n floats):
   // under tensor parallelism every TP rank's buffer is all-gathered
   // (collective over TP) and each sliced parameter assembled. Empty unless
   // `wanted` (the gather still runs).
   std::vector<HfTensor> assemble_group(const model::ParamGroup& group, const float* local, size_t n, bool wanted);
-  // Pipeline parallelism (pipeline_training.cpp).
-  struct Pipeline;
-  void build_pipeline(uint64_t seed);
-  void build_replicas(uint64_t seed);  // dp × tp: the model (in TP slices) and DataParallel
-  void setup_data(uint64_t seed);      // batch sources, resume, metrics file
-  void pipeline_bubbles(double* measured, double* simulated) const;
-  void pipeline_grad_bytes(uint64_t* sent, uint64_t* uncompressed);
-  std::string describe_pipeline() const;
-  // One step's micro-batches and the update at learning rate `lr`; returns the loss.
-  double pipeline_step(float lr, double* norm);
+  // Every part's groups from full HF tensors: the parameters from sources[0]
+  // and, with `count` 3, the Adam moments from sources[1] and [2].
+  void load_state(const HfSource* sources, int count);
   // The step's reduced loss and gradient norm are finite, or the run stops
   // saying so (every rank alike: both are reduced).
   void check_finite(double loss, double norm) const;
@@ -168,34 +172,33 @@ class Trainer {
   bool apply_update(double loss, double norm);
   // The loss gradient's factor this step on this rank (the loss scale; infinity when poisoned).
   float loss_grad_factor() const;
-  // The master weights changed: the models make their 16-bit compute copies again.
+  // The master weights changed: the parts make their 16-bit compute copies again.
   void params_changed();
   // compression.* as the gradient reducer takes it.
   parallel::CompressionOptions compression_options() const;
-  double pipeline_evaluate();
+  // The step's micro-batches from `source`, in the batch buffers.
   std::vector<pipeline::MicroBatch> next_batches(BatchSource& source);
-  // Group g of the whole model (by whole-model index) as HF tensors, on the
-  // world's root, or with `all_ranks` on every rank (collective over the
-  // pipeline; empty elsewhere).
-  std::vector<HfTensor> pipeline_group_tensors(size_t g, ModelBuffer which, bool all_ranks);
-  void load_pipeline_state(const HfSource sources[3]);
 
   io::RunConfig config_;
   TrainerOptions options_;
   std::unique_ptr<comm::ProcessMesh> mesh_;
   model::ModelConfig model_config_;
   std::unique_ptr<tensor::TensorParallel> tp_;
-  std::unique_ptr<Pipeline> pipe_;
-  std::unique_ptr<model::GPT> model_;
+  pipeline::Schedule schedule_;
+  std::vector<pipeline::ChunkLayers> cut_;            // layers of each stage
+  std::vector<std::unique_ptr<model::GPT>> parts_;    // this rank's stages, in stage order
+  std::vector<int> part_of_stage_;                    // stage -> index in parts_, -1 elsewhere
+  std::unique_ptr<model::GPT> layout_model_;          // the whole model, declared only (checkpoint names)
   std::unique_ptr<parallel::DataParallel> dp_;
+  std::unique_ptr<pipeline::Executor> executor_;
   std::unique_ptr<BatchSource> train_data_, val_data_;
   std::unique_ptr<io::MetricsWriter> metrics_;
-  std::vector<int32_t> inputs_, targets_;
+  std::vector<std::vector<int32_t>> inputs_, targets_;  // per micro-batch
   std::vector<StepStats> history_;
   int64_t step_ = 0;
   int micro_batches_ = 1;
   DType compute_ = DType::F32;
-  LossScaler scaler_;
+  optim::LossScaler scaler_;
   uint64_t tokens_seen_ = 0;
   double peak_flops_ = 0;
   MachinePeak peak_;

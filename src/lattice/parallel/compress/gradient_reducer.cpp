@@ -43,7 +43,7 @@ Scratch& scratch() {
 
 }  // namespace
 
-GradientReducer::GradientReducer(CommStream& stream, const CompressionOptions& options)
+GradientReducer::GradientReducer(comm::CommStream& stream, const CompressionOptions& options)
     : stream_(stream), options_(options) {
   if (options_.spec.codec == GradCodec::TopK)
     LATTICE_CHECK(options_.spec.topk_ratio > 0 && options_.spec.topk_ratio <= 1,
@@ -111,7 +111,7 @@ void GradientReducer::compressed_scatter(comm::Communicator& comm, float* chunk,
   for (int j = 0; j < n; j++) decode_add(spec, s.recv.data() + P * j, k, sum);  // in rank order: deterministic
 }
 
-CommStream::Ticket GradientReducer::all_reduce(int64_t key, float* chunk, int64_t k, std::string label) {
+comm::CommStream::Ticket GradientReducer::all_reduce(int64_t key, float* chunk, int64_t k, std::string label) {
   const int n = stream_.comm().size();
   const uint64_t plain = 2ull * static_cast<uint64_t>(n - 1) * static_cast<uint64_t>(k) * sizeof(float);
   uncompressed_ += plain;
@@ -145,7 +145,7 @@ CommStream::Ticket GradientReducer::all_reduce(int64_t key, float* chunk, int64_
   });
 }
 
-CommStream::Ticket GradientReducer::reduce_scatter(int64_t key, float* chunk, int64_t k, float* dst, bool accumulate,
+comm::CommStream::Ticket GradientReducer::reduce_scatter(int64_t key, float* chunk, int64_t k, float* dst, bool accumulate,
                                                    std::string label) {
   auto place = [k, dst, accumulate](const float* sum) {
     if (accumulate) {
@@ -173,8 +173,8 @@ CommStream::Ticket GradientReducer::reduce_scatter(int64_t key, float* chunk, in
   });
 }
 
-CommStream::Ticket GradientReducer::post_lowrank(int64_t key, float* data, const LowRankLayout& layout, int64_t chunks,
-                                                 int64_t k, uint64_t uncompressed, CommStream::Then then,
+comm::CommStream::Ticket GradientReducer::post_lowrank(int64_t key, float* data, const LowRankLayout& layout, int64_t chunks,
+                                                 int64_t k, uint64_t uncompressed, comm::CommStream::Then then,
                                                  std::string label) {
   const int n = stream_.comm().size();
   LATTICE_CHECK(lowrank(), "internal: a PowerSGD reduction posted while not compressing with it");
@@ -192,14 +192,14 @@ CommStream::Ticket GradientReducer::post_lowrank(int64_t key, float* data, const
       std::move(then));
 }
 
-CommStream::Ticket GradientReducer::all_reduce_lowrank(int64_t key, float* data, const LowRankLayout& layout,
+comm::CommStream::Ticket GradientReducer::all_reduce_lowrank(int64_t key, float* data, const LowRankLayout& layout,
                                                        int64_t chunks, int64_t k, std::string label) {
   const uint64_t n = static_cast<uint64_t>(stream_.comm().size());
   const uint64_t plain = 2ull * (n - 1) * static_cast<uint64_t>(chunks * k) * sizeof(float);
   return post_lowrank(key, data, layout, chunks, k, plain, {}, std::move(label));
 }
 
-CommStream::Ticket GradientReducer::reduce_scatter_lowrank(int64_t key, float* data, const LowRankLayout& layout,
+comm::CommStream::Ticket GradientReducer::reduce_scatter_lowrank(int64_t key, float* data, const LowRankLayout& layout,
                                                            int64_t chunks, int64_t k, float* dst, int64_t dst_stride,
                                                            bool accumulate, std::string label) {
   const int n = stream_.comm().size(), rank = stream_.comm().rank();

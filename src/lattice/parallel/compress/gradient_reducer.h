@@ -2,7 +2,7 @@
 // group — plain, or compressed with error feedback (compression.grad).
 //
 // A chunk is n blocks of k floats (n = the group's ranks, ShardLayout's
-// chunks): rank r owns block r. Two operations, posted on the CommStream:
+// chunks): rank r owns block r. Two operations, posted on the comm::CommStream:
 //
 //   reduce_scatter  rank r ends with the sum over ranks of block r (ZeRO 1-3,
 //                   and the first half of all_reduce)
@@ -59,7 +59,7 @@
 #include "lattice/optim/adamw.h"
 #include "lattice/parallel/compress/gradient_codec.h"
 #include "lattice/parallel/compress/powersgd.h"
-#include "lattice/parallel/data/comm_stream.h"
+#include "lattice/comm/comm_stream.h"
 
 namespace lattice::parallel {
 
@@ -71,7 +71,7 @@ struct CompressionOptions {
 
 class GradientReducer {
  public:
-  GradientReducer(CommStream& stream, const CompressionOptions& options);
+  GradientReducer(comm::CommStream& stream, const CompressionOptions& options);
 
   const CompressionOptions& options() const { return options_; }
   // Before a step: compression applies from step index warmup_steps on (and
@@ -86,11 +86,11 @@ class GradientReducer {
   // `key` names the chunk across steps (its error buffers); `label` the
   // operation in the stream's log. `then` runs after the result is in place.
   // chunk: n·k floats, summed in place on every rank.
-  CommStream::Ticket all_reduce(int64_t key, float* chunk, int64_t k, std::string label);
+  comm::CommStream::Ticket all_reduce(int64_t key, float* chunk, int64_t k, std::string label);
   // chunk: n·k floats (clobbered); this rank's summed block goes to dst
   // (k floats; it may be the chunk's own block r): copied, or added when
   // `accumulate`.
-  CommStream::Ticket reduce_scatter(int64_t key, float* chunk, int64_t k, float* dst, bool accumulate,
+  comm::CommStream::Ticket reduce_scatter(int64_t key, float* chunk, int64_t k, float* dst, bool accumulate,
                                     std::string label);
 
   // PowerSGD (lowrank() only) over `data`: `chunks` chunks of n·k floats
@@ -102,9 +102,9 @@ class GradientReducer {
   // when `accumulate`, to dst + c·dst_stride (ZeRO 1-3, as reduce_scatter
   // on each chunk; dst = data + rank·k with stride n·k leaves it in place).
   // The layout must outlive the operation.
-  CommStream::Ticket all_reduce_lowrank(int64_t key, float* data, const LowRankLayout& layout, int64_t chunks,
+  comm::CommStream::Ticket all_reduce_lowrank(int64_t key, float* data, const LowRankLayout& layout, int64_t chunks,
                                         int64_t k, std::string label);
-  CommStream::Ticket reduce_scatter_lowrank(int64_t key, float* data, const LowRankLayout& layout, int64_t chunks,
+  comm::CommStream::Ticket reduce_scatter_lowrank(int64_t key, float* data, const LowRankLayout& layout, int64_t chunks,
                                             int64_t k, float* dst, int64_t dst_stride, bool accumulate,
                                             std::string label);
 
@@ -135,10 +135,10 @@ class GradientReducer {
   Errors& errors_of(int64_t key, int64_t chunk_numel, int64_t k, bool server);
   // Steps 1-4 on the communication thread: block r's sum into `sum` (k floats).
   void compressed_scatter(comm::Communicator& comm, float* chunk, int64_t k, float* sum, Errors* e);
-  CommStream::Ticket post_lowrank(int64_t key, float* data, const LowRankLayout& layout, int64_t chunks, int64_t k,
-                                  uint64_t uncompressed, CommStream::Then then, std::string label);
+  comm::CommStream::Ticket post_lowrank(int64_t key, float* data, const LowRankLayout& layout, int64_t chunks, int64_t k,
+                                  uint64_t uncompressed, comm::CommStream::Then then, std::string label);
 
-  CommStream& stream_;
+  comm::CommStream& stream_;
   CompressionOptions options_;
   bool compressing_ = false;
   std::map<int64_t, Errors> errors_;

@@ -104,7 +104,7 @@ class PowerSgd {
   State& state(int64_t key, const LowRankLayout& layout, bool error_feedback);
 
   // Sums `data` (layout.extent floats) over `comm`'s ranks in place, as
-  // above: blocking collectives, so it runs inside a CommStream operation.
+  // above: blocking collectives, so it runs inside a comm::CommStream operation.
   // Error feedback when `state` holds an error.
   void reduce(comm::Communicator& comm, State& state, float* data, const LowRankLayout& layout);
 

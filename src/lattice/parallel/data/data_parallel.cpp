@@ -9,15 +9,73 @@
 #include "lattice/core/memory.h"
 #include "lattice/kernels/ops.h"
 #include "lattice/parallel/zero/disk_store.h"
+#include "lattice/parallel/zero/sharded_embedding.h"
 
 namespace lattice::parallel {
 
 using optim::StateStore;
+using Pass = model::GroupHooks::Pass;
 
-// Borrowed buffers of whole-group size, per distinct group size (in GPT: the
-// blocks, and ln_f): `per_size` of them (parameters: 2, the one in use and
-// the one being prefetched; gradients: 1 — a block's reduction finishes long
-// before the next block's weight gradients are written, and when it has not,
+namespace {
+
+// The embedding's chunks are its working buffers at stages 2-3 (two of
+// parameters, two of gradient): small, so the working set stays a few
+// percent of the model (at GPT-2's vocabulary the table is a third of it),
+// and large enough for its GEMMs (2 MiB = 682 rows of 768) and messages.
+constexpr double kEmbeddingChunkBytes = 2.0 * (1 << 20);
+
+int array_of(DataParallel::State which) {
+  return which == DataParallel::State::Params  ? StateStore::kP
+         : which == DataParallel::State::AdamM ? StateStore::kM
+                                               : StateStore::kV;
+}
+
+}  // namespace
+
+// One model part: its groups' layouts over the ranks, where its state sits in
+// the optimizer's, and what the stage keeps of it.
+struct DataParallel::Part {
+  Part(model::GPT& m, const ShardLayout& buckets, const ShardLayout& mine)
+      : model(m), groups(m.groups()), layout(buckets), opt_layout(mine) {}
+  model::GPT& model;
+  std::vector<model::ParamGroup>& groups;
+  ShardLayout layout;      // over the dp ranks: buckets and shards
+  ShardLayout opt_layout;  // what this rank's optimizer updates (= layout, or whole groups at stage 0)
+  std::vector<int64_t> state_base;  // offset of each group's shard in the optimizer state
+  int64_t key_base = 0;             // GradientReducer key group of group 0
+  std::vector<Buffer> shard_grads;  // stages 2-3: this rank's gradient slices per group
+  std::vector<uint8_t> written;     // stages 2-3: a slice was reduced into this step; 0-1: posted this step
+  std::vector<LowRankLayout> lowrank;  // compression.grad = powersgd: each group's matrices
+  // The embedding group piece by piece (sharded_embedding.h): stages 2-3
+  // whenever the part holds it, stages 0-1 for a whole model over ranks > 1.
+  std::unique_ptr<ShardedEmbedding> embedding;
+  Buffer embedding_staging;  // stage 3 with offload: the embedding's shard, read from disk
+  // Stage 3: per group, the gather in flight and whether it is attached.
+  std::vector<comm::CommStream::Ticket> gather_ticket;
+  std::vector<uint8_t> gathered;
+  // The order in which each pass reads the groups (prefetching follows it).
+  std::vector<size_t> forward_order, backward_order;
+  bool last = true;  // the backward running now is the part's last of the step
+  std::unique_ptr<PartHooks> hooks;
+};
+
+class DataParallel::PartHooks final : public model::GroupHooks {
+ public:
+  PartHooks(DataParallel& e, size_t j) : e_(e), j_(j) {}
+  void before_params(size_t g, Pass pass) override { e_.before_params(j_, g, pass); }
+  void after_params(size_t g, Pass) override { e_.after_params(j_, g); }
+  void before_grads(size_t g) override { e_.before_grads(j_, g); }
+  void grads_done(size_t g) override { e_.grads_done(j_, g); }
+
+ private:
+  DataParallel& e_;
+  size_t j_;
+};
+
+// Borrowed buffers of whole-group size, per distinct group size (the blocks,
+// ln_f): `per_size` of them (parameters: 2, the one in use and the one being
+// prefetched; gradients: 1 — a block's reduction finishes long before the
+// next block's weight gradients are written, and when it has not,
 // before_grads waits for it), one where a single group has that size. All are
 // allocated up front and kept, so a rank's memory is the stated bound
 // whatever the timing.
@@ -28,16 +86,13 @@ struct DataParallel::Pool {
     std::vector<Buffer> buffers;
     std::vector<float*> free;
   };
-  MemCategory category;
   std::vector<Class> classes;
 
-  // Buffers for groups [first, end) of `groups`.
-  Pool(MemCategory c, const std::vector<model::ParamGroup>& groups, size_t first, int per_size) : category(c) {
-    for (size_t i = first; i < groups.size(); i++) {
-      const model::ParamGroup& g = groups[i];
-      auto it = std::find_if(classes.begin(), classes.end(), [&](const Class& k) { return k.capacity == g.capacity(); });
+  Pool(MemCategory category, const std::vector<int64_t>& capacities, int per_size) {
+    for (int64_t capacity : capacities) {
+      auto it = std::find_if(classes.begin(), classes.end(), [&](const Class& k) { return k.capacity == capacity; });
       if (it == classes.end()) {
-        classes.push_back(Class{g.capacity(), 1, {}, {}});
+        classes.push_back(Class{capacity, 1, {}, {}});
       } else {
         it->limit = per_size;
       }
@@ -62,179 +117,180 @@ struct DataParallel::Pool {
     return p;
   }
   void give(int64_t capacity, float* p) { of(capacity).free.push_back(p); }
-  // Whether take() would return a buffer.
   bool available(int64_t capacity) { return !of(capacity).free.empty(); }
-  size_t bytes() const {
-    size_t b = 0;
-    for (const Class& k : classes)
-      for (const Buffer& buf : k.buffers) b += buf.bytes();
-    return b;
-  }
 };
 
-namespace {
+bool DataParallel::is_embedding(const Part& p, size_t g) const {
+  return p.model.has_embedding() && g == p.model.embedding_index();
+}
 
-// The embedding's chunks are its working buffers at stages 2-3 (two of
-// parameters, two of gradient): small, so the working set stays a few
-// percent of the model (at GPT-2's vocabulary the table is a third of it),
-// and large enough for its GEMMs (2 MiB = 682 rows of 768) and messages.
-constexpr double kEmbeddingChunkBytes = 2.0 * (1 << 20);
-
-}  // namespace
-
-DataParallel::DataParallel(model::GPT& model, comm::Communicator& dp, const DataParallelOptions& options)
-    : model_(model),
-      groups_(model.groups()),
-      options_(options),
-      // The embedding group in whole rows (sharded_embedding.h works row block by row block),
-      // in chunks of at most kEmbeddingChunkBytes.
-      layout_(model.groups(), dp.size(), dp.rank(), options.bucket_bytes, {model.config().n_embd},
-              {std::min(options.bucket_bytes, kEmbeddingChunkBytes)}),
-      opt_layout_(options.zero_stage == 0 ? ShardLayout(model.groups(), 1, 0, options.bucket_bytes) : layout_) {
-  LATTICE_CHECK(options.zero_stage >= 0 && options.zero_stage <= 3,
-                "parallel.zero_stage=" << options.zero_stage << " is not a ZeRO stage (0, 1, 2 or 3)");
-  // Group 0 is the embedding, handled piece by piece (sharded_embedding.h);
-  // a pipeline stage without it (or sharing it with another stage) comes
-  // with the pipeline executor.
-  LATTICE_CHECK(model.whole_model(), "data parallelism over pipeline stage [" << model.first_layer() << ", "
-                                                                               << model.last_layer()
-                                                                               << ") is not implemented yet");
+DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& dp, const DataParallelOptions& options)
+    : options_(options), ranks_(dp.size()) {
   const int stage = options.zero_stage;
-  const size_t G = groups_.size();
-  // Whole buckets (and, at stage 0, whole optimizer chunks) in every group.
-  // A model built Unallocated gets only the buffers this stage keeps whole; an
-  // allocated one is padded (and, further down, trimmed to the stage).
-  const bool allocated = groups_.front().has_params();
-  for (size_t g = 0; g < G; g++) {
-    const int64_t capacity = std::max(layout_.group(g).capacity(), opt_layout_.group(g).capacity());
-    if (allocated)
-      groups_[g].set_capacity(capacity);
-    else
-      groups_[g].allocate(capacity, /*params=*/stage < 3, /*grads=*/stage < 2);
-  }
-
-  int64_t total = 0;
-  for (size_t g = 0; g < G; g++) {
-    shard_base_.push_back(total);
-    total += opt_layout_.group(g).shard_numel();
-  }
+  LATTICE_CHECK(stage >= 0 && stage <= 3, "parallel.zero_stage=" << stage << " is not a ZeRO stage (0, 1, 2 or 3)");
+  LATTICE_CHECK(!parts.empty(), "internal: data parallelism over no model part");
   // One rank communicates nothing: no thread for it.
-  stream_ = std::make_unique<CommStream>(dp, dp.size() == 1 ? Progress::Inline : options.progress);
+  stream_ = std::make_unique<comm::CommStream>(dp, dp.size() == 1 ? comm::Progress::Inline : options.progress);
   reducer_ = std::make_unique<GradientReducer>(*stream_, options.compression);
-  if (options.compression.spec.codec == GradCodec::PowerSgd)
-    for (const model::ParamGroup& group : groups_)
-      lowrank_.push_back(lowrank_layout(group, options.compression.spec.powersgd_rank));
+
+  // Layouts: the embedding group in whole rows (sharded_embedding.h works row
+  // block by row block), in chunks of at most kEmbeddingChunkBytes.
+  int64_t total = 0, key = 0;
+  for (model::GPT* m : parts) {
+    LATTICE_CHECK(!m->groups().front().has_params() && !m->groups().front().has_grads(),
+                  "internal: data parallelism takes model parts built GPT::Unallocated");
+    std::vector<int64_t> rows;
+    std::vector<double> chunk_bytes;
+    if (m->has_embedding()) {
+      rows.assign(m->groups().size(), 0);
+      chunk_bytes.assign(m->groups().size(), 0);
+      rows[m->embedding_index()] = m->config().n_embd;
+      chunk_bytes[m->embedding_index()] = std::min(options.bucket_bytes, kEmbeddingChunkBytes);
+    }
+    const ShardLayout buckets(m->groups(), dp.size(), dp.rank(), options.bucket_bytes, rows, chunk_bytes);
+    auto p = std::make_unique<Part>(*m, buckets, stage == 0 ? ShardLayout(m->groups(), 1, 0, options.bucket_bytes)
+                                                            : buckets);
+    p->key_base = key;
+    key += static_cast<int64_t>(p->groups.size());
+    const size_t G = p->groups.size();
+    for (size_t g = 0; g < G; g++) {
+      p->state_base.push_back(total);
+      total += p->opt_layout.group(g).shard_numel();
+      // Whole buckets (and, at stage 0, whole optimizer chunks) in every group;
+      // only the buffers this stage keeps whole.
+      const int64_t capacity = std::max(p->layout.group(g).capacity(), p->opt_layout.group(g).capacity());
+      p->groups[g].allocate(capacity, /*params=*/stage < 3, /*grads=*/stage < 2);
+      if (options.compression.spec.codec == GradCodec::PowerSgd)
+        p->lowrank.push_back(lowrank_layout(p->groups[g], options.compression.spec.powersgd_rank));
+    }
+    p->written.assign(G, 0);
+    p->gather_ticket.assign(G, 0);
+    p->gathered.assign(G, 0);
+    // The pass orders: forward emb, h..., ln_f; backward (the head) emb, ln_f,
+    // then the blocks from the last, the lookup's emb at the end.
+    const model::GPT& mm = p->model;
+    const size_t b0 = mm.block_index(mm.first_layer()), b1 = b0 + static_cast<size_t>(mm.last_layer() - mm.first_layer());
+    if (mm.first_stage()) p->forward_order.push_back(mm.embedding_index());
+    for (size_t b = b0; b < b1; b++) p->forward_order.push_back(b);
+    if (mm.last_stage()) {
+      p->forward_order.push_back(mm.final_index());
+      p->backward_order = {mm.embedding_index(), mm.final_index()};
+    }
+    for (size_t b = b1; b > b0; b--) p->backward_order.push_back(b - 1);
+    parts_.push_back(std::move(p));
+  }
 
   // Where the optimizer state lives: moments, and at stage 3 the parameters.
-  const int arrays = stage == 3 ? 3 : 2;
   std::unique_ptr<StateStore> store =
-      options.offload_to_disk
-          ? make_disk_store(options.offload_dir, dp.world_ranks()[dp.rank()], total, arrays,
-                            options.offload_window_bytes)
-          : optim::make_memory_store(total, arrays);
-
-  if (stage >= 2) {
-    for (model::ParamGroup& group : groups_) group.release_own_grads();  // before the shards: no overlap
-    shard_grads_.resize(G);
-    shard_grad_written_.assign(G, 0);
-    for (size_t g = 0; g < G; g++)
-      shard_grads_[g] = Buffer(static_cast<size_t>(layout_.group(g).shard_numel()) * sizeof(float), MemCategory::Grads);
-  }
+      options.offload_to_disk ? make_disk_store(options.offload_dir, dp.world_ranks()[dp.rank()], total,
+                                                stage == 3 ? 3 : 2, options.offload_window_bytes)
+                              : optim::make_memory_store(total, stage == 3 ? 3 : 2);
   std::vector<optim::AdamWSegment> segments;
-  for (size_t g = 0; g < G; g++) {
-    model::ParamGroup& group = groups_[g];
-    for (const ShardLayout::Run& run : opt_layout_.runs(group, g)) {
-      optim::AdamWSegment seg;
-      seg.param = stage < 3 ? group.data() + run.begin : nullptr;
-      seg.grad = stage < 2 ? group.grad_storage() + run.begin : shard_grads_[g].as<float>() + run.shard_offset;
-      seg.n = run.n;
-      seg.state_offset = shard_base_[g] + run.shard_offset;
-      seg.decay = group.params()[run.param].weight_decay;
-      seg.replicated = group.params()[run.param].shard.split_dim < 0;
-      segments.push_back(seg);
-      if (!options.count_replicated && group.params()[run.param].shard.split_dim >= 0)
-        norm_segments_.emplace_back(seg.grad, seg.n);
+  std::vector<int64_t> pooled;  // capacities of the groups borrowed whole at stages 2-3 (not the embedding)
+  int64_t largest_shard = 0;
+  for (auto& pp : parts_) {
+    Part& p = *pp;
+    if (stage >= 2) {
+      for (size_t g = 0; g < p.groups.size(); g++)
+        p.shard_grads.emplace_back(static_cast<size_t>(p.layout.group(g).shard_numel()) * sizeof(float),
+                                   MemCategory::Grads);
     }
+    for (size_t g = 0; g < p.groups.size(); g++) {
+      model::ParamGroup& group = p.groups[g];
+      for (const ShardLayout::Run& run : p.opt_layout.runs(group, g)) {
+        optim::AdamWSegment seg;
+        seg.param = stage < 3 ? group.data() + run.begin : nullptr;
+        seg.grad = stage < 2 ? group.grad_storage() + run.begin : p.shard_grads[g].as<float>() + run.shard_offset;
+        seg.n = run.n;
+        seg.state_offset = p.state_base[g] + run.shard_offset;
+        seg.decay = group.params()[run.param].weight_decay;
+        seg.replicated = group.params()[run.param].shard.split_dim < 0;
+        segments.push_back(seg);
+      }
+      if (!is_embedding(p, g)) pooled.push_back(group.capacity());
+      largest_shard = std::max(largest_shard, p.layout.group(g).shard_numel());
+    }
+    if (stage == 3 && options.offload_to_disk && p.model.has_embedding())
+      p.embedding_staging = Buffer(
+          static_cast<size_t>(p.layout.group(p.model.embedding_index()).shard_numel()) * sizeof(float),
+          MemCategory::Params);
   }
   if (stage == 3) {
-    // The parameters move into the store as this rank's slices; the whole
-    // buffers go (they come back, borrowed, for each use).
-    const GroupShard* largest = nullptr;
-    for (size_t g = 0; g < G; g++) {
-      const GroupShard& s = layout_.group(g);
-      if (allocated)
-        for (int64_t c = 0; c < s.chunks; c++)
-          store->write(StateStore::kP, shard_base_[g] + c * s.slice, s.slice, groups_[g].data() + s.slice_begin(c));
-      if (!largest || s.shard_numel() > largest->shard_numel()) largest = &s;
-    }
-    if (options.offload_to_disk && largest)
-      staging_ = Buffer(static_cast<size_t>(largest->shard_numel()) * sizeof(float), MemCategory::Params);
-    for (model::ParamGroup& group : groups_) group.release_own_params();
-    param_pool_ = std::make_unique<Pool>(MemCategory::Params, groups_, 1, 2);  // not the embedding
+    param_pool_ = std::make_unique<Pool>(MemCategory::Params, pooled, 2);
     if (options.offload_to_disk)
-      embedding_staging_ = Buffer(static_cast<size_t>(layout_.group(0).shard_numel()) * sizeof(float),
-                                  MemCategory::Params);
+      staging_ = Buffer(static_cast<size_t>(largest_shard) * sizeof(float), MemCategory::Params);
   }
-  if (stage >= 2) grad_pool_ = std::make_unique<Pool>(MemCategory::Grads, groups_, 1, 1);
+  if (stage >= 2) grad_pool_ = std::make_unique<Pool>(MemCategory::Grads, pooled, 1);
   optimizer_ = std::make_unique<optim::AdamW>(std::move(segments), std::move(store), options.adam);
-  if (stage >= 2 || dp.size() > 1) {
-    const float* emb_params = nullptr;
-    if (stage == 3) {
-      float* resident = optimizer_->store().resident(StateStore::kP);
-      emb_params = resident ? resident + shard_base_[0] : embedding_staging_.as<float>();
+
+  for (size_t j = 0; j < parts_.size(); j++) {
+    Part& p = *parts_[j];
+    const bool whole = p.model.whole_model();
+    if (p.model.has_embedding() && (stage >= 2 || (whole && dp.size() > 1))) {
+      const size_t e = p.model.embedding_index();
+      const float* emb_params = nullptr;
+      if (stage == 3) {
+        float* resident = optimizer_->store().resident(StateStore::kP);
+        emb_params = resident ? resident + p.state_base[e] : p.embedding_staging.as<float>();
+      }
+      const ShardedEmbedding::Gradients mode = stage >= 2   ? ShardedEmbedding::Gradients::Sharded
+                                               : stage == 1 ? ShardedEmbedding::Gradients::Scatter
+                                                            : ShardedEmbedding::Gradients::AllReduce;
+      p.embedding = std::make_unique<ShardedEmbedding>(p.groups[e], p.model.config(), p.layout.group(e), *stream_,
+                                                       *reducer_, p.key_base + static_cast<int64_t>(e), emb_params,
+                                                       mode, stage >= 2 ? p.shard_grads[e].as<float>() : nullptr);
+      p.model.set_tied_embedding(p.embedding.get());
     }
-    const ShardedEmbedding::Gradients mode = stage >= 2 ? ShardedEmbedding::Gradients::Sharded
-                                             : stage == 1 ? ShardedEmbedding::Gradients::Scatter
-                                                          : ShardedEmbedding::Gradients::AllReduce;
-    embedding_ = std::make_unique<ShardedEmbedding>(groups_[0], model_.config(), layout_.group(0), *stream_,
-                                                    *reducer_, 0, emb_params, mode,
-                                                    stage >= 2 ? shard_grads_[0].as<float>() : nullptr);
-    model_.set_tied_embedding(embedding_.get());
+    p.hooks = std::make_unique<PartHooks>(*this, j);
+    p.model.set_hooks(p.hooks.get());
   }
-  gather_ticket_.assign(G, 0);
-  gathered_.assign(G, 0);
-  model_.set_hooks(this);
 }
 
 DataParallel::~DataParallel() {
   // Pending collectives touch the buffers below (destroyed before stream_):
   // finish them first. (While an error unwinds a multi-rank job, the job is
-  // ended before this runs: Trainer calls comm::abort_job.)
+  // ended before this runs: the trainer calls comm::abort_job.)
   if (std::uncaught_exceptions() == 0) {
     try {
       stream_->wait_all();
     } catch (...) {
     }
   }
-  if (model_.hooks() == this) model_.set_hooks(nullptr);
-  if (embedding_) model_.set_tied_embedding(nullptr);
+  for (auto& p : parts_) {
+    if (p->model.hooks() == p->hooks.get()) p->model.set_hooks(nullptr);
+    if (p->embedding) p->model.set_tied_embedding(nullptr);
+  }
 }
 
+const ShardLayout& DataParallel::layout(size_t part) const { return parts_.at(part)->layout; }
+
 void DataParallel::initialize(uint64_t seed) {
-  if (stage() < 3) {
-    for (model::ParamGroup& group : groups_) group.initialize(seed);
-    return;
-  }
-  // Stage 3: each rank computes only its slices (the values depend on
-  // (seed, name, index in the full tensor) alone, so they are the same as
-  // the whole model's).
   StateStore& store = optimizer_->store();
-  for (size_t g = 0; g < groups_.size(); g++) {
-    const GroupShard& s = layout_.group(g);
-    std::vector<float> slice(static_cast<size_t>(s.slice));
-    for (int64_t c = 0; c < s.chunks; c++) {
-      groups_[g].initial_values(seed, s.slice_begin(c), s.slice, slice.data());
-      store.write(StateStore::kP, shard_base_[g] + c * s.slice, s.slice, slice.data());
+  for (auto& p : parts_)
+    for (size_t g = 0; g < p->groups.size(); g++) {
+      if (stage() < 3) {
+        p->groups[g].initialize(seed);
+        continue;
+      }
+      // Stage 3: each rank computes only its slices (the values depend on
+      // (seed, name, index in the full tensor) alone, so they are the same
+      // as the whole model's).
+      const GroupShard& s = p->layout.group(g);
+      std::vector<float> slice(static_cast<size_t>(s.slice));
+      for (int64_t c = 0; c < s.chunks; c++) {
+        p->groups[g].initial_values(seed, s.slice_begin(c), s.slice, slice.data());
+        store.write(StateStore::kP, p->state_base[g] + c * s.slice, s.slice, slice.data());
+      }
     }
-  }
 }
 
 std::string DataParallel::describe() const {
   std::ostringstream s;
   s << "ZeRO stage " << stage() << " over " << ranks() << " data-parallel rank" << (ranks() == 1 ? "" : "s");
+  if (parts_.size() > 1) s << ", " << parts_.size() << " model parts";
   if (ranks() > 1)
     s << ", buckets of at most " << format_bytes(options_.bucket_bytes) << ", communication "
-      << progress_name(stream_->progress());
+      << comm::progress_name(stream_->progress());
   const CompressionOptions& c = options_.compression;
   if (c.spec.codec != GradCodec::None && ranks() > 1) {
     s << ", gradients compressed " << grad_codec_name(c.spec.codec);
@@ -242,29 +298,38 @@ std::string DataParallel::describe() const {
     if (c.spec.codec == GradCodec::PowerSgd) s << " (rank " << c.spec.powersgd_rank << ")";
     s << (c.error_feedback ? " with" : " without") << " error feedback";
     if (c.warmup_steps > 0) s << " after " << c.warmup_steps << " uncompressed steps";
-    if (stream_->progress() == Progress::Poll) s << " (poll progress: compressed reductions run inline, no overlap)";
+    if (stream_->progress() == comm::Progress::Poll) s << " (poll progress: compressed reductions run inline, no overlap)";
   }
-  s << ", optimizer state in " << const_cast<optim::AdamW&>(*optimizer_).store().describe();
+  s << ", optimizer state in " << optimizer_->store().describe();
   return s.str();
 }
-
-bool DataParallel::reduce_now() const { return stage() >= 2 || last_micro_; }
 
 // ---------------------------------------------------------------- a step
 
 void DataParallel::begin_step(int64_t step) {
   reducer_->begin_step(step);
   reducer_->reset_bytes();
-  model_.zero_grad();
-  std::fill(shard_grad_written_.begin(), shard_grad_written_.end(), 0);
+  for (auto& p : parts_) {
+    p->model.zero_grad();
+    std::fill(p->written.begin(), p->written.end(), 0);
+    if (p->embedding) p->embedding->begin_step();
+    p->last = true;
+  }
   stream_->reset_times();
   bytes_at_step_start_ = stream_->comm().stats().bytes_sent;
-  last_micro_ = true;
 }
 
-void DataParallel::begin_micro_batch(bool last) {
-  if (embedding_) embedding_->begin_micro_batch(stage() < 2 ? false : !shard_grad_written_[0], last);
-  last_micro_ = last;
+void DataParallel::before_backward(size_t j, bool last) {
+  Part& p = *parts_.at(j);
+  p.last = last;
+  if (p.embedding) p.embedding->set_last(last);
+}
+
+void DataParallel::part_done(size_t j) {
+  Part& p = *parts_.at(j);
+  if (stage() >= 2) return;  // every backward reduced its groups as they were written
+  for (size_t g = 0; g < p.groups.size(); g++)
+    if (!p.written[g] && !(is_embedding(p, g) && p.embedding)) reduce_group(j, g);
 }
 
 void DataParallel::reap() {
@@ -274,7 +339,7 @@ void DataParallel::reap() {
       ++it;
       continue;
     }
-    model::ParamGroup& group = groups_[it->group];
+    model::ParamGroup& group = parts_[it->part]->groups[it->group];
     grad_pool_->give(group.capacity(), group.grad_storage());
     group.attach_grads(nullptr);
     it = pending_grad_releases_.erase(it);
@@ -282,10 +347,44 @@ void DataParallel::reap() {
 }
 
 void DataParallel::finish_gradients() {
-  if (embedding_) embedding_->finish();
+  for (auto& p : parts_)
+    if (p->embedding) p->embedding->finish();
   stream_->wait_all();
   reap();
   LATTICE_CHECK(pending_grad_releases_.empty(), "internal: gradient buffers still lent after the last reduction");
+  // A group no backward wrote this step (none should) holds zero slices.
+  if (stage() >= 2)
+    for (auto& p : parts_)
+      for (size_t g = 0; g < p->groups.size(); g++)
+        if (!p->written[g] && !(is_embedding(*p, g) && p->embedding->written()))
+          std::memset(p->shard_grads[g].data(), 0, p->shard_grads[g].bytes());
+  // The tied embedding under pipelines: its first and last stage's copies,
+  // each reduced over the replicas, summed on what this rank keeps.
+  Part *first = nullptr, *last = nullptr;
+  for (auto& p : parts_) {
+    if (!p->model.has_embedding() || p->model.whole_model()) continue;
+    (p->model.first_stage() ? first : last) = p.get();
+  }
+  Part* any = first ? first : last;
+  if (!any) return;
+  LATTICE_CHECK(tied_sum_, "internal: pipeline stages hold the tied embedding but no tied sum was wired");
+  const size_t e = any->model.embedding_index();
+  auto grad_of = [&](Part* p) -> float* {
+    if (!p) return nullptr;
+    return stage() >= 2 ? p->shard_grads[e].as<float>() : p->groups[e].grad_storage();
+  };
+  const GroupShard& s = any->layout.group(e);
+  if (stage() == 0) {
+    tied_sum_(grad_of(first), grad_of(last), static_cast<size_t>(any->groups[e].numel()));
+  } else if (stage() == 1) {  // this rank's slices, at their home positions
+    for (int64_t c = 0; c < s.chunks; c++) {
+      const int64_t at = s.slice_begin(c);
+      tied_sum_(first ? grad_of(first) + at : nullptr, last ? grad_of(last) + at : nullptr,
+                static_cast<size_t>(s.slice));
+    }
+  } else {
+    tied_sum_(grad_of(first), grad_of(last), static_cast<size_t>(s.shard_numel()));
+  }
 }
 
 double DataParallel::sum_over_ranks(double x) {
@@ -297,11 +396,16 @@ double DataParallel::sum_over_ranks(double x) {
 
 double DataParallel::grad_sum_squares() {
   double local = 0;
-  if (options_.count_replicated) {
-    local = optimizer_->grad_sum_squares();
-  } else {
-    for (const auto& [grad, n] : norm_segments_) local += kernels::sum_squares(grad, n);
-  }
+  for (auto& p : parts_)
+    for (size_t g = 0; g < p->groups.size(); g++) {
+      model::ParamGroup& group = p->groups[g];
+      for (const ShardLayout::Run& run : p->opt_layout.runs(group, g)) {
+        if (!p->model.counts_in_norm(g, group.params()[run.param])) continue;
+        const float* grad =
+            stage() >= 2 ? p->shard_grads[g].as<float>() + run.shard_offset : group.grad_storage() + run.begin;
+        local += kernels::sum_squares(grad, run.n);
+      }
+    }
   // Stage 0: every rank holds the whole summed gradient already.
   return stage() == 0 ? local : sum_over_ranks(local);
 }
@@ -311,15 +415,22 @@ void DataParallel::optimizer_step(float lr, float grad_scale) {
   // Each rank updates its slices; all-gathers make every group whole again
   // (in place: a rank's slice already sits where it is received), each
   // posted as soon as that group's slices are updated, so the gathers of the
-  // first groups overlap the update of the later ones.
-  size_t next = 0;
+  // first groups overlap the update of the later ones. The groups lie in the
+  // state one part after another.
+  size_t next_part = 0, next = 0;
   auto post_gathers_up_to = [&](int64_t end) {
-    while (next < groups_.size() && shard_base_[next] + opt_layout_.group(next).shard_numel() <= end) {
-      const GroupShard& s = layout_.group(next);
-      float* data = groups_[next].data();
+    while (next_part < parts_.size()) {
+      Part& p = *parts_[next_part];
+      if (next == p.groups.size()) {
+        next_part++, next = 0;
+        continue;
+      }
+      if (p.state_base[next] + p.opt_layout.group(next).shard_numel() > end) return;
+      const GroupShard& s = p.layout.group(next);
+      float* data = p.groups[next].data();
       for (int64_t c = 0; c < s.chunks; c++)
         stream_->all_gather(data + s.slice_begin(c), data + c * s.chunk_numel(), s.slice,
-                            chunk_label("params", groups_[next].name(), c, s.chunks));
+                            comm::chunk_label("params", p.groups[next].name(), c, s.chunks));
       next++;
     }
   };
@@ -330,7 +441,7 @@ void DataParallel::optimizer_step(float lr, float grad_scale) {
   } else {
     optimizer_->step(lr, grad_scale);
   }
-  const CommStream::Times t = stream_->times();
+  const comm::CommStream::Times t = stream_->times();
   last_comm_.ran_s = t.ran_s;
   last_comm_.exposed_s = t.waited_s;
   last_comm_.bytes = stream_->comm().stats().bytes_sent - bytes_at_step_start_;
@@ -338,82 +449,78 @@ void DataParallel::optimizer_step(float lr, float grad_scale) {
 
 // ---------------------------------------------------------------- hooks
 
-void DataParallel::before_params(size_t g, Pass pass) {
-  stream_->note(std::string(pass == Pass::Forward ? "forward " : "backward ") + groups_[g].name());
+void DataParallel::before_params(size_t j, size_t g, Pass pass) {
+  Part& p = *parts_[j];
+  stream_->note(std::string(pass == Pass::Forward ? "forward " : "backward ") + p.groups[g].name());
   stream_->progress_point();
   reap();
   if (stage() < 3) return;
-  if (g == 0) {
+  if (is_embedding(p, g)) {
     // The embedding gathers itself, chunk by chunk. From disk, its shard is
     // read into memory for the pass.
     if (options_.offload_to_disk)
-      optimizer_->store().read(StateStore::kP, shard_base_[0], layout_.group(0).shard_numel(),
-                               embedding_staging_.as<float>());
+      optimizer_->store().read(StateStore::kP, p.state_base[g], p.layout.group(g).shard_numel(),
+                               p.embedding_staging.as<float>());
     return;
   }
-  if (!gathered_[g]) {
-    if (!gather_ticket_[g]) post_gather(g);
-    stream_->wait(gather_ticket_[g]);
-    gathered_[g] = 1;
+  if (!p.gathered[g]) {
+    if (!p.gather_ticket[g]) post_gather(j, g);
+    stream_->wait(p.gather_ticket[g]);
+    p.gathered[g] = 1;
   }
-  // Prefetch the group this pass uses next (with a disk shard the staging
+  // Prefetch the group this pass reads next (with a disk shard the staging
   // buffer is busy until this gather is done: no prefetch then).
   if (options_.offload_to_disk) return;
-  const size_t L = groups_.size() - 2, emb = 0, fin = groups_.size() - 1;
-  size_t next = g;
-  if (pass == Pass::Forward) {
-    next = g == fin ? g : g + 1;  // emb, h0 .. h(L-1), ln_f
-  } else {
-    if (g == emb) next = fin;                              // emb, ln_f, h(L-1) .. h0
-    else if (g == fin) next = L >= 1 ? 1 + (L - 1) : g;
-    else if (g > 1) next = g - 1;
-  }
-  if (next != g && !gathered_[next] && !gather_ticket_[next] && param_pool_->available(groups_[next].capacity()))
-    post_gather(next);
+  const std::vector<size_t>& order = pass == Pass::Forward ? p.forward_order : p.backward_order;
+  auto at = std::find(order.begin(), order.end(), g);
+  if (at == order.end() || ++at == order.end()) return;
+  const size_t next = *at;
+  if (!is_embedding(p, next) && !p.gathered[next] && !p.gather_ticket[next] &&
+      param_pool_->available(p.groups[next].capacity()))
+    post_gather(j, next);
 }
 
-void DataParallel::post_gather(size_t g) {
-  model::ParamGroup& group = groups_[g];
+void DataParallel::post_gather(size_t j, size_t g) {
+  Part& p = *parts_[j];
+  model::ParamGroup& group = p.groups[g];
   float* buffer = param_pool_->take(group.capacity());
   LATTICE_CHECK(buffer != nullptr, "internal: no free buffer to gather group " << group.name()
                                                                                << " into (more groups in use than "
                                                                                   "the pool holds)");
   group.attach_params(buffer);
-  const GroupShard& s = layout_.group(g);
+  const GroupShard& s = p.layout.group(g);
   StateStore& store = optimizer_->store();
-  const float* shard = store.resident(StateStore::kP);
-  if (shard) {
-    shard += shard_base_[g];
-  } else {
-    store.read(StateStore::kP, shard_base_[g], s.shard_numel(), staging_.as<float>());
+  const float* shard = shard_of(p, g, StateStore::kP);
+  if (!shard) {
+    store.read(StateStore::kP, p.state_base[g], s.shard_numel(), staging_.as<float>());
     shard = staging_.as<float>();
   }
-  CommStream::Ticket t = 0;
+  comm::CommStream::Ticket t = 0;
   for (int64_t c = 0; c < s.chunks; c++)
     t = stream_->all_gather(shard + c * s.slice, buffer + c * s.chunk_numel(), s.slice,
-                            chunk_label("gather", group.name(), c, s.chunks));
-  gather_ticket_[g] = t;
+                            comm::chunk_label("gather", group.name(), c, s.chunks));
+  p.gather_ticket[g] = t;
   if (shard == staging_.as<float>()) stream_->wait(t);  // the staging buffer is reused by the next gather
 }
 
-void DataParallel::after_params(size_t g, Pass pass) {
-  (void)pass;
+void DataParallel::after_params(size_t j, size_t g) {
   stream_->progress_point();
   reap();
-  if (stage() < 3 || g == 0) return;
-  model::ParamGroup& group = groups_[g];
+  Part& p = *parts_[j];
+  if (stage() < 3 || is_embedding(p, g)) return;
+  model::ParamGroup& group = p.groups[g];
   param_pool_->give(group.capacity(), group.data());
   group.attach_params(nullptr);
-  gathered_[g] = 0;
-  gather_ticket_[g] = 0;
+  p.gathered[g] = 0;
+  p.gather_ticket[g] = 0;
 }
 
-void DataParallel::before_grads(size_t g) {
+void DataParallel::before_grads(size_t j, size_t g) {
   stream_->progress_point();
   reap();
-  if (stage() < 2) return;
-  if (g == 0) return;  // the embedding has no borrowed buffer
-  model::ParamGroup& group = groups_[g];
+  Part& p = *parts_[j];
+  if (stage() < 2 || is_embedding(p, g)) return;  // the embedding has no borrowed buffer
+  model::ParamGroup& group = p.groups[g];
   float* buffer = grad_pool_->take(group.capacity());
   while (!buffer) {
     // Every buffer of this size is still being reduced: wait for the oldest.
@@ -423,116 +530,116 @@ void DataParallel::before_grads(size_t g) {
     buffer = grad_pool_->take(group.capacity());
   }
   group.attach_grads(buffer);
-  group.zero_grad();  // this micro-batch's first writes overwrite
+  group.zero_grad();  // this backward's first writes overwrite
 }
 
-void DataParallel::grads_done(size_t g) {
+void DataParallel::grads_done(size_t j, size_t g) {
   stream_->progress_point();
   reap();
-  if (!reduce_now()) return;
-  if (stage() == 0 && ranks() == 1) return;
-  if (g == 0 && embedding_) {  // reduced by the embedding itself, as it went
-    if (stage() >= 2) shard_grad_written_[0] = 1;
-    return;
-  }
-  reduce_group(g);
+  Part& p = *parts_[j];
+  if (stage() < 2 && !p.last) return;  // stages 0-1 reduce the step's last backward only
+  if (is_embedding(p, g) && p.embedding) return;  // reduced by the embedding itself, as it went
+  reduce_group(j, g);
 }
 
-void DataParallel::reduce_group(size_t g) {
-  model::ParamGroup& group = groups_[g];
+void DataParallel::reduce_group(size_t j, size_t g) {
+  Part& p = *parts_[j];
+  model::ParamGroup& group = p.groups[g];
+  // A parameter this part never writes (wpe on a last pipeline stage) is zeros.
+  group.zero_unwritten_grads();
   group.zero_grad_padding();
-  const GroupShard& s = layout_.group(g);
+  const bool accumulate = p.written[g] != 0;
+  p.written[g] = 1;
+  if (stage() == 0 && ranks() == 1) return;  // nothing to reduce: the gradient is the sum
+  const GroupShard& s = p.layout.group(g);
   float* grad = group.grad_storage();
   const int64_t k = s.slice;
-  CommStream::Ticket t = 0;
+  float* shard = stage() >= 2 ? p.shard_grads[g].as<float>() : nullptr;
+  comm::CommStream::Ticket t = 0;
   if (reducer_->lowrank()) {
     // PowerSGD needs the group's matrices whole: one operation for the group,
     // the result where the chunk operations below would leave it.
-    const int64_t key = GradientReducer::key(static_cast<int64_t>(g), 0);
+    const int64_t key = GradientReducer::key(p.key_base + static_cast<int64_t>(g), 0);
     const std::string label = "grad " + group.name() + " powersgd";
     if (stage() == 0) {
-      reducer_->all_reduce_lowrank(key, grad, lowrank_[g], s.chunks, k, label);
+      reducer_->all_reduce_lowrank(key, grad, p.lowrank[g], s.chunks, k, label);
     } else if (stage() == 1) {  // each slice stays at its home position
-      reducer_->reduce_scatter_lowrank(key, grad, lowrank_[g], s.chunks, k, grad + s.slice_begin(0), s.chunk_numel(),
+      reducer_->reduce_scatter_lowrank(key, grad, p.lowrank[g], s.chunks, k, grad + s.slice_begin(0), s.chunk_numel(),
                                        false, label);
     } else {
-      t = reducer_->reduce_scatter_lowrank(key, grad, lowrank_[g], s.chunks, k, shard_grads_[g].as<float>(), k,
-                                           shard_grad_written_[g] != 0, label);
+      t = reducer_->reduce_scatter_lowrank(key, grad, p.lowrank[g], s.chunks, k, shard, k, accumulate, label);
     }
   } else {
     for (int64_t c = 0; c < s.chunks; c++) {
       float* chunk = grad + c * s.chunk_numel();
-      const int64_t key = GradientReducer::key(static_cast<int64_t>(g), c);
-      const std::string label = chunk_label("grad", group.name(), c, s.chunks);
+      const int64_t key = GradientReducer::key(p.key_base + static_cast<int64_t>(g), c);
+      const std::string label = comm::chunk_label("grad", group.name(), c, s.chunks);
       if (stage() == 0) {
         reducer_->all_reduce(key, chunk, k, label);
       } else if (stage() == 1) {
         // This rank's slice summed where it belongs in the (whole) gradient buffer.
         reducer_->reduce_scatter(key, chunk, k, grad + s.slice_begin(c), false, label);
       } else {
-        // Stages 2-3: into this rank's gradient shard (added from the second micro-batch on).
-        t = reducer_->reduce_scatter(key, chunk, k, shard_grads_[g].as<float>() + c * k, shard_grad_written_[g] != 0,
-                                     label);
+        // Stages 2-3: into this rank's gradient shard (added from the step's second backward on).
+        t = reducer_->reduce_scatter(key, chunk, k, shard + c * k, accumulate, label);
       }
     }
   }
-  if (stage() >= 2) {
-    shard_grad_written_[g] = 1;
-    pending_grad_releases_.push_back({t, g});
-  }
+  if (stage() >= 2) pending_grad_releases_.push_back({t, j, g});
 }
 
 // ---------------------------------------------------------------- checkpoints
 
-float* DataParallel::shard_of(size_t g, State which) {
-  StateStore& store = optimizer_->store();
-  const int array = which == State::Params ? StateStore::kP : which == State::AdamM ? StateStore::kM : StateStore::kV;
-  float* base = store.resident(array);
-  return base ? base + shard_base_[g] : nullptr;
+float* DataParallel::shard_of(const Part& p, size_t g, int array) {
+  float* base = optimizer_->store().resident(array);
+  return base ? base + p.state_base[g] : nullptr;
 }
 
-void DataParallel::gather_full(size_t g, State which, float* out) {
+void DataParallel::gather_full(size_t j, size_t g, State which, float* out) {
   stream_->wait_all();
-  model::ParamGroup& group = groups_[g];
+  Part& p = *parts_.at(j);
+  model::ParamGroup& group = p.groups[g];
   if (which == State::Params && stage() < 3) {
     std::memcpy(out, group.data(), static_cast<size_t>(group.numel()) * sizeof(float));
     return;
   }
-  const GroupShard& s = opt_layout_.group(g);
+  const GroupShard& s = p.opt_layout.group(g);
   StateStore& store = optimizer_->store();
-  const int array = which == State::Params ? StateStore::kP : which == State::AdamM ? StateStore::kM : StateStore::kV;
+  const int array = array_of(which);
   if (stage() == 0) {  // the whole group is this rank's
-    store.read(array, shard_base_[g], group.numel(), out);
+    store.read(array, p.state_base[g], group.numel(), out);
     return;
   }
   std::vector<float> local;
-  const float* shard = shard_of(g, which);
+  const float* shard = shard_of(p, g, array);
   if (!shard) {
     local.resize(static_cast<size_t>(s.shard_numel()));
-    store.read(array, shard_base_[g], s.shard_numel(), local.data());
+    store.read(array, p.state_base[g], s.shard_numel(), local.data());
     shard = local.data();
   }
   for (int64_t c = 0; c < s.chunks; c++)
     stream_->all_gather(shard + c * s.slice, out + c * s.chunk_numel(), s.slice,
-                        chunk_label("checkpoint", group.name(), c, s.chunks));
+                        comm::chunk_label("checkpoint", group.name(), c, s.chunks));
   stream_->wait_all();
 }
 
-void DataParallel::load_full(size_t g, State which, const float* full) {
+void DataParallel::load_full(size_t j, size_t g, State which, const float* full) {
   stream_->wait_all();
-  model::ParamGroup& group = groups_[g];
+  Part& p = *parts_.at(j);
+  model::ParamGroup& group = p.groups[g];
   if (which == State::Params && stage() < 3) {
     std::memcpy(group.data(), full, static_cast<size_t>(group.numel()) * sizeof(float));
     return;
   }
-  const GroupShard& s = opt_layout_.group(g);
+  const GroupShard& s = p.opt_layout.group(g);
   StateStore& store = optimizer_->store();
-  const int array = which == State::Params ? StateStore::kP : which == State::AdamM ? StateStore::kM : StateStore::kV;
+  const int array = array_of(which);
   if (stage() == 0) {
-    store.write(array, shard_base_[g], group.numel(), full);
+    store.write(array, p.state_base[g], group.numel(), full);
     return;
   }
-  for (int64_t c = 0; c < s.chunks; c++) store.write(array, shard_base_[g] + c * s.slice, s.slice, full + s.slice_begin(c));
+  for (int64_t c = 0; c < s.chunks; c++)
+    store.write(array, p.state_base[g] + c * s.slice, s.slice, full + s.slice_begin(c));
 }
 
 }  // namespace lattice::parallel

@@ -182,9 +182,17 @@ double Executor::run_actions(const std::vector<Action>& actions, const std::vect
         }
         slot_of[a.stage][a.micro] = slot;
         const bool last = a.stage == S - 1;
+        const MicroBatch& mb = batches[a.micro];
+        if (!training && g.whole_model()) {  // one stage: nothing to keep for a backward or a next stage
+          loss_sum += g.evaluate(mb.inputs, mb.targets, B, T);
+          free_slots[a.stage].push_back(slot);
+          iv.end = clock.seconds();
+          timeline_.push_back(iv);
+          continue;
+        }
         const float loss =
-            g.forward_stage(slot, a.stage == 0 ? batches[a.micro].inputs : nullptr, a.stage == 0 ? nullptr : in.data(),
-                            last ? batches[a.micro].targets : nullptr, B, T, loss_scale_ / static_cast<float>(m));
+            g.forward_stage(slot, a.stage == 0 ? mb.inputs : nullptr, a.stage == 0 ? nullptr : in.data(),
+                            last ? mb.targets : nullptr, B, T, loss_scale_ / static_cast<float>(m));
         if (last) loss_sum += loss;
         if (!last) deliver({a.stage, a.micro, false}, g.stage_output(slot), a.stage + 1);
         if (!training) {
@@ -194,6 +202,7 @@ double Executor::run_actions(const std::vector<Action>& actions, const std::vect
       } else {
         const int slot = slot_of[a.stage][a.micro];
         if (a.op != Op::W && a.stage < S - 1) g.set_stage_output_grad(slot, in.data());
+        if (a.op != Op::I && backward_begins_) backward_begins_(a.stage, last_backward[a.stage] == i);
         if (a.op == Op::B) g.backward(slot);
         if (a.op == Op::I) g.backward_input(slot);
         if (a.op == Op::W) g.backward_weight(slot);
@@ -239,11 +248,6 @@ void Executor::sum_tied(float* first, float* last, size_t n) {
   embedding_group_->all_reduce(first ? first : last, n, DType::F32, comm::ReduceOp::Sum);
 }
 
-bool counts_in_norm(const model::GPT& stage, size_t group, const model::ParamInfo& info) {
-  if (stage.has_embedding() && group == stage.embedding_index() && !stage.first_stage()) return false;
-  return info.shard.split_dim >= 0 || stage.tp_rank() == 0;
-}
-
 double Executor::grad_sum_squares() {
   double sum = 0;
   for (model::GPT* g : stage_of_) {
@@ -251,7 +255,7 @@ double Executor::grad_sum_squares() {
     for (size_t i = 0; i < g->groups().size(); i++) {
       const model::ParamGroup& p = g->groups()[i];
       for (const model::ParamInfo& info : p.params())
-        if (counts_in_norm(*g, i, info)) sum += kernels::sum_squares(p.grad() + info.offset, info.numel());
+        if (g->counts_in_norm(i, info)) sum += kernels::sum_squares(p.grad() + info.offset, info.numel());
     }
   }
   group_.all_reduce(&sum, 1, DType::F64, comm::ReduceOp::Sum);

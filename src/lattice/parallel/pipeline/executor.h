@@ -45,13 +45,6 @@ struct MicroBatch {
   const int32_t* targets = nullptr;  // [B·T] (read by the last stage)
 };
 
-// Whether parameter `info` of group `group` of stage model `stage` counts in
-// the pipeline's gradient norm: the tied embedding on its first stage only;
-// under tensor parallelism a parameter whole on every TP rank (LayerNorms,
-// row-parallel biases, wpe) on TP rank 0 only, slices everywhere — so the
-// sum over the pipeline and TP groups counts every element once.
-bool counts_in_norm(const model::GPT& stage, size_t group, const model::ParamInfo& info);
-
 class Executor {
  public:
   // `group`: the pipeline ranks, rank i running row i of `schedule` (which
@@ -71,13 +64,14 @@ class Executor {
   void set_loss_scale(float scale) { loss_scale_ = scale; }
   // Mean loss of `batches` without a backward (evaluation): every rank runs
   // the forwards of its stages micro-batch by micro-batch, as GPipe's fill
-  // does, and drops each activation slot once its output has gone on.
+  // does, and drops each activation slot once its output has gone on (a
+  // whole model, one stage, stores nothing: GPT::evaluate).
   double evaluate(const std::vector<MicroBatch>& batches, int B, int T);
 
-  // Σ g² over every parameter of the pipeline, the tied embedding counted
-  // once (all-reduced over the group, so every rank gets it). With tensor
-  // parallelism inside the stages it is this TP rank's share — its slices and,
-  // on TP rank 0, the replicated parameters —, to be summed over the TP group.
+  // Σ g² over every parameter of the pipeline, each counted once
+  // (GPT::counts_in_norm; all-reduced over the group, so every rank gets it).
+  // With tensor parallelism inside the stages it is this TP rank's share, to
+  // be summed over the TP group.
   double grad_sum_squares();
 
   // This rank's actions of the last step, timed (seconds from its start).
@@ -88,11 +82,15 @@ class Executor {
 
   const Schedule& schedule() const { return schedule_; }
 
-  // Called during run_step right after this rank's last backward of `stage`
-  // in the step (the stage's gradients are final — but for the tied
-  // embedding's, whose two shares are summed at the end of run_step): data
-  // parallelism starts reducing them there, overlapping the rest of the
-  // schedule.
+  // Called during run_step right before each action that writes `stage`'s
+  // weight gradients (B or W), with whether it is this rank's last such
+  // action of the stage in the step: data parallelism reduces a stage's
+  // gradients as that last backward writes them, overlapping the rest of it
+  // and of the schedule.
+  void on_backward(std::function<void(int stage, bool last)> begin) { backward_begins_ = std::move(begin); }
+  // Called right after this rank's last backward of `stage` in the step (the
+  // stage's gradients are final — but for the tied embedding's, whose two
+  // shares are summed after the reduction).
   void on_stage_done(std::function<void(int stage)> done) { stage_done_ = std::move(done); }
   // Whether run_step sums the tied embedding's whole gradient between its
   // two stages (default). ZeRO-2/3 hold no whole gradient at the end of the
@@ -119,6 +117,7 @@ class Executor {
   std::vector<model::GPT*> stage_of_;                    // by stage index: this rank's model, or null
   std::unique_ptr<comm::Communicator> embedding_group_;  // first and last stage's ranks (if two)
   std::vector<Interval> timeline_;
+  std::function<void(int, bool)> backward_begins_;
   std::function<void(int)> stage_done_;
   bool sum_tied_ = true;
   float loss_scale_ = 1.0f;

@@ -180,4 +180,26 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
   return sim;
 }
 
+Costs measured_costs(const std::vector<std::vector<Interval>>& timelines, int stages) {
+  const size_t S = static_cast<size_t>(stages);
+  std::vector<std::array<double, 3>> sum(S, {0, 0, 0}), count(S, {0, 0, 0});
+  auto add = [&](size_t stage, int kind, double d) { sum[stage][kind] += d, count[stage][kind]++; };
+  for (const auto& row : timelines)
+    for (const Interval& iv : row) {
+      const size_t st = static_cast<size_t>(iv.action.stage);
+      const double d = iv.end - iv.start;
+      switch (iv.action.op) {
+        case Op::F: add(st, 0, d); break;
+        case Op::I: add(st, 1, d); break;
+        case Op::W: add(st, 2, d); break;
+        case Op::B: add(st, 1, d / 2), add(st, 2, d / 2); break;
+      }
+    }
+  Costs costs;
+  costs.by_stage.resize(S);
+  for (size_t st = 0; st < S; st++)
+    for (int k = 0; k < 3; k++) costs.by_stage[st][k] = count[st][k] ? sum[st][k] / count[st][k] : 0.0;
+  return costs;
+}
+
 }  // namespace lattice::pipeline

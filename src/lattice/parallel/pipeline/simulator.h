@@ -51,4 +51,10 @@ struct Simulation {
 // Throws (as validate() does) on a schedule that cannot run.
 Simulation simulate(const Schedule& s, const Costs& costs = {});
 
+// The mean measured cost of each kind of action on each of `stages` stages
+// from every rank's timeline (the executor's gather_timelines): what the
+// simulator is fed to predict the measured bubble. A full B counts as equal
+// I and W halves; a kind a stage never ran costs 0.
+Costs measured_costs(const std::vector<std::vector<Interval>>& timelines, int stages);
+
 }  // namespace lattice::pipeline

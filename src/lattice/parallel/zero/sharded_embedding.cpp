@@ -16,7 +16,7 @@ constexpr size_t kWte = 0, kWpe = 1;  // parameter order of the embedding group
 }
 
 ShardedEmbedding::ShardedEmbedding(model::ParamGroup& group, const model::ModelConfig& config,
-                                   const GroupShard& shard, CommStream& stream, GradientReducer& reducer,
+                                   const GroupShard& shard, comm::CommStream& stream, GradientReducer& reducer,
                                    int64_t key_group, const float* params, Gradients gradients, float* grad_shard)
     : group_(group),
       C_(config.n_embd),
@@ -61,7 +61,7 @@ void ShardedEmbedding::wte_rows(int64_t c, int64_t* first, int64_t* last) const 
   *last = std::min<int64_t>((c + 1) * rows, Vp_);
 }
 
-CommStream::Ticket ShardedEmbedding::gather_chunk(int64_t c) {
+comm::CommStream::Ticket ShardedEmbedding::gather_chunk(int64_t c) {
   float* piece = pieces_.as<float>() + (c % 2) * shard_.chunk_numel();
   return stream_.all_gather(params_ + c * shard_.slice, piece, shard_.slice,
                             "gather embedding " + std::to_string(c) + "/" + std::to_string(shard_.chunks));
@@ -76,7 +76,7 @@ static int64_t head_chunks(const GroupShard& s, int64_t C, int64_t Vp) {
 void ShardedEmbedding::for_each_gathered_chunk(
     const std::function<void(const float* piece, int64_t first, int64_t last, int64_t c)>& fn) {
   const int64_t chunks = head_chunks(shard_, C_, Vp_);
-  CommStream::Ticket next = gather_chunk(0);
+  comm::CommStream::Ticket next = gather_chunk(0);
   for (int64_t c = 0; c < chunks; c++) {
     stream_.wait(next);
     // The buffer of chunk c+1 held chunk c-1, whose product is done.
@@ -165,10 +165,11 @@ void ShardedEmbedding::head_backward_weight(const float* dlogits, const float* l
     std::string label = "grad embedding " + std::to_string(c) + "/" + std::to_string(shard_.chunks);
     grad_ticket_[b] = reducer_.lowrank()
                           ? reducer_.reduce_scatter_lowrank(key, piece, lowrank_[c], 1, k, grad_shard_ + c * k, 0,
-                                                            !first_, std::move(label))
-                          : reducer_.reduce_scatter(key, piece, k, grad_shard_ + c * k, !first_, std::move(label));
+                                                            written_, std::move(label))
+                          : reducer_.reduce_scatter(key, piece, k, grad_shard_ + c * k, written_, std::move(label));
     last_ticket_ = grad_ticket_[b];
   }
+  written_ = true;
 }
 
 void ShardedEmbedding::add_owned_row(float* out, int64_t row, const float* src) const {
@@ -282,8 +283,13 @@ void ShardedEmbedding::lookup_into_group(const float* dx, const int32_t* tokens,
 
 void ShardedEmbedding::lookup_backward(const float* dx, const int32_t* tokens, int B, int T) {
   if (gradients_ != Gradients::Sharded) return lookup_into_group(dx, tokens, B, T);
-  // After the head's reductions have written (or added to) the shard.
+  // After the head's reductions have written (or added to) the shard; a
+  // part without the head (a pipeline's first stage) starts it at zero.
   stream_.wait(last_ticket_);
+  if (!written_) {
+    std::memset(grad_shard_, 0, static_cast<size_t>(shard_.shard_numel()) * sizeof(float));
+    written_ = true;
+  }
   const int n = shard_.ranks;
   const int64_t BT = static_cast<int64_t>(B) * T;
   const float* rows = gather_lookup_rows(dx, tokens, BT);

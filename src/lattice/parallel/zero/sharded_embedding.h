@@ -49,7 +49,7 @@
 #include "lattice/core/memory.h"
 #include "lattice/model/gpt.h"
 #include "lattice/parallel/compress/gradient_reducer.h"
-#include "lattice/parallel/data/comm_stream.h"
+#include "lattice/comm/comm_stream.h"
 #include "lattice/parallel/zero/shard_layout.h"
 
 namespace lattice::parallel {
@@ -68,12 +68,18 @@ class ShardedEmbedding final : public model::TiedEmbedding {
   // Its gradient chunks are summed through `reducer` (plain or compressed,
   // gradient_reducer.h), under the keys of group `key_group`.
   ShardedEmbedding(model::ParamGroup& group, const model::ModelConfig& config, const GroupShard& shard,
-                   CommStream& stream, GradientReducer& reducer, int64_t key_group, const float* params,
+                   comm::CommStream& stream, GradientReducer& reducer, int64_t key_group, const float* params,
                    Gradients gradients, float* grad_shard);
 
-  // Before each micro-batch: whether it is the step's first (Sharded: its
-  // contribution overwrites the shard) and last (stages 0-1 reduce only then).
-  void begin_micro_batch(bool first, bool last) { first_ = first, last_ = last; }
+  // Before each step: the step's first contribution to the gradient shard
+  // (Sharded) overwrites it.
+  void begin_step() { written_ = false; }
+  // Before each backward: whether it is the step's last (AllReduce and
+  // Scatter reduce only in that one).
+  void set_last(bool last) { last_ = last; }
+  // Sharded: whether this step wrote the gradient shard yet (a pipeline's
+  // first stage has no head: its lookup's share is the first to arrive).
+  bool written() const { return written_; }
   // Waits for every collective this object posted (the optimizer reads the
   // gradient shard after it).
   void finish();
@@ -89,7 +95,7 @@ class ShardedEmbedding final : public model::TiedEmbedding {
 
  private:
   // Posts the gather of chunk c into piece buffer c % 2.
-  CommStream::Ticket gather_chunk(int64_t c);
+  comm::CommStream::Ticket gather_chunk(int64_t c);
   // fn(piece, first, last, c) for each chunk holding wte rows [first, last),
   // gathered (stage 3), the next chunk's gather in flight meanwhile.
   void for_each_gathered_chunk(const std::function<void(const float*, int64_t, int64_t, int64_t)>& fn);
@@ -110,18 +116,18 @@ class ShardedEmbedding final : public model::TiedEmbedding {
   model::ParamGroup& group_;
   const int C_, Vp_;
   const GroupShard& shard_;
-  CommStream& stream_;
+  comm::CommStream& stream_;
   GradientReducer& reducer_;
   int64_t key_group_;
   const float* params_;  // stage 3 shard, or null
   Gradients gradients_;
   float* grad_shard_;
   int64_t wpe_row_;      // flat row where wpe starts (= Vp)
-  bool first_ = true, last_ = true;
+  bool written_ = false, last_ = true;
   Buffer pieces_;        // two chunks of parameters (stage 3)
   Buffer grad_pieces_;   // two chunks of gradient
-  CommStream::Ticket grad_ticket_[2] = {0, 0};
-  CommStream::Ticket last_ticket_ = 0;
+  comm::CommStream::Ticket grad_ticket_[2] = {0, 0};
+  comm::CommStream::Ticket last_ticket_ = 0;
   Buffer tokens_all_;    // all ranks' tokens, as floats (exact below 2^24)
   Buffer rows_;          // n·B·T rows of C: the exchanges
   // compression.grad = powersgd: per chunk, its wte rows and its wpe rows as matrices.

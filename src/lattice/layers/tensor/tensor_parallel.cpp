@@ -1,4 +1,4 @@
-#include "lattice/parallel/tensor/tensor_parallel.h"
+#include "lattice/layers/tensor/tensor_parallel.h"
 
 #include "lattice/core/error.h"
 #include "lattice/core/timer.h"

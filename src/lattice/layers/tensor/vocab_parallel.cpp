@@ -1,4 +1,4 @@
-#include "lattice/parallel/tensor/vocab_parallel.h"
+#include "lattice/layers/tensor/vocab_parallel.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "lattice/parallel/data/comm_stream.h"
+#include "lattice/comm/comm_stream.h"
 
 #include <chrono>
 #include <cstdlib>
@@ -7,7 +7,7 @@
 #include "lattice/core/error.h"
 #include "lattice/core/threads.h"
 
-namespace lattice::parallel {
+namespace lattice::comm {
 
 std::string chunk_label(const char* what, const std::string& group, int64_t c, int64_t chunks) {
   return std::string(what) + " " + group + " " + std::to_string(c) + "/" + std::to_string(chunks);
@@ -283,4 +283,4 @@ void CommStream::note(const std::string& event) {
   if (record_) events_.push_back(event);
 }
 
-}  // namespace lattice::parallel
+}  // namespace lattice::comm

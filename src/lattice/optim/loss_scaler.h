@@ -29,7 +29,7 @@
 #include <cstdint>
 #include <string>
 
-namespace lattice::train {
+namespace lattice::optim {
 
 // A static scale that overflows this many steps in a row stops the run.
 constexpr int64_t kStaticSkipLimit = 10;
@@ -70,4 +70,4 @@ class LossScaler {
   bool last_skipped_ = false;
 };
 
-}  // namespace lattice::train
+}  // namespace lattice::optim

@@ -38,7 +38,7 @@
 
 #include "lattice/comm/communicator.h"
 
-namespace lattice::parallel {
+namespace lattice::comm {
 
 enum class Progress { Thread, Poll, Inline };
 
@@ -149,4 +149,4 @@ class CommStream {
   std::vector<std::string> events_;
 };
 
-}  // namespace lattice::parallel
+}  // namespace lattice::comm

@@ -1,4 +1,4 @@
-#include "lattice/train/loss_scaler.h"
+#include "lattice/optim/loss_scaler.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include "lattice/core/error.h"
 
-namespace lattice::train {
+namespace lattice::optim {
 
 LossScaler::LossScaler(const LossScalerConfig& config) : config_(config), scale_(config.scale) {
   LATTICE_CHECK(config.scale > 0 && std::isfinite(config.scale), "loss scale must be positive, got " << config.scale);
@@ -53,4 +53,4 @@ void LossScaler::restore(double scale, int64_t clean, int64_t skipped, int64_t s
   in_a_row_ = skipped_in_a_row;
 }
 
-}  // namespace lattice::train
+}  // namespace lattice::optim

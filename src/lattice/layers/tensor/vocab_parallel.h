@@ -25,7 +25,7 @@
 
 #include <cstdint>
 
-#include "lattice/parallel/tensor/tensor_parallel.h"
+#include "lattice/layers/tensor/tensor_parallel.h"
 
 namespace lattice::tensor {
 
