@@ -202,19 +202,37 @@ TEST(DataParallelJob, AnExceptionMidScheduleEndsAPipelineJob) {
   expect_injected_failure_ends_the_job("throw-mid-pipeline", "rank 1: pipeline rank 1 action 2 '1B0': ");
 }
 
-// SIGKILL of one rank of a tp=2 job ends it within seconds.
-TEST(DataParallelJob, AKilledRankEndsATensorParallelJob) {
-  const fs::path dir = scratch("kill_tp");
-  Child job = spawn(mpiexec(2) + LATTICE_BIN + " train " + kTiny + "--set parallel.tp=2 --set train.steps=100000" +
+// Starts `settings` on 2 ranks, waits for 3 steps, SIGKILLs rank `victim`:
+// the job ends within 30 s, non-zero, and the launcher's message names the
+// killed rank and the signal.
+void expect_killed_rank_ends_the_job(const std::string& name, const std::string& settings, int victim) {
+  const fs::path dir = scratch(name);
+  Child job = spawn(mpiexec(2) + LATTICE_BIN + " train " + kTiny + settings + " --set train.steps=100000" +
                         " --set log.metrics_file=" + (dir / "m.jsonl").string(),
                     dir / "job.log");
   ASSERT_TRUE(wait_for_lines(dir / "m.jsonl", 3, 60)) << read_file(dir / "job.log");
   std::vector<pid_t> ranks = children_of(job.pid);
   ASSERT_EQ(ranks.size(), 2u);
-  ::kill(ranks[1], SIGKILL);
+  ::kill(ranks[victim], SIGKILL);
   job.wait(60);
-  EXPECT_NE(job.status, 0) << job.output();
-  EXPECT_NE(job.status, 124) << "the job hung\n" << job.output();
+  const std::string out = job.output();
+  EXPECT_NE(job.status, 0) << out;
+  EXPECT_NE(job.status, 124) << "the job hung\n" << out;
+  EXPECT_LT(job.seconds, 30) << out;
+  EXPECT_TRUE(contains(out, "rank " + std::to_string(victim)) && contains(out, "signal 9"))
+      << "the message should name the killed rank and the signal\n" << out;
+}
+
+// SIGKILL of one rank of a tp=2 job (the other waits in a TP collective
+// inside its forward or backward) ends it within seconds.
+TEST(DataParallelJob, AKilledRankEndsATensorParallelJob) {
+  expect_killed_rank_ends_the_job("kill_tp", "--set parallel.tp=2", 1);
+}
+
+// The same for a pipeline job: the other stage waits for an activation or a
+// gradient that never comes.
+TEST(DataParallelJob, AKilledRankEndsAPipelineJob) {
+  expect_killed_rank_ends_the_job("kill_pp", "--set parallel.pp=2 --set train.grad_accum_steps=4", 0);
 }
 
 // SIGKILL of one rank ends the job (no hang), and the last checkpoint written

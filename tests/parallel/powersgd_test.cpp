@@ -339,7 +339,7 @@ TEST(PowerSgdTraining, EveryZeroStage) {
   }
 }
 
-// Over pipelines (the DistributedOptimizer, dp2 x pp2, ZeRO 0 and 2) and with
+// Over pipelines (the data-parallel engine over stages, dp2 x pp2, ZeRO 0 and 2) and with
 // tensor parallelism (dp2 x tp2, local slices' shapes): the same.
 TEST(PowerSgdTraining, WithPipelinesAndTensorParallelism) {
   if (world().size() != 4) GTEST_SKIP() << "dp2 x pp2 and dp2 x tp2 need 4 ranks";

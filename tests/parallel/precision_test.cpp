@@ -45,20 +45,6 @@ using mpitest::world;
 
 namespace {
 
-constexpr double kLossTol16 = 5e-4;  // relative, per step (see the header)
-constexpr double kRmsTol16 = 2e-3;   // root-mean-square of the master weights' differences after 10 steps
-
-// Adam's largest total movement of one weight over the recipe's 10 steps,
-// for two runs moving apart: 2·Σ lr_t (|m̂/√v̂| <= 1 for these betas), plus
-// weight decay's share.
-double adam_bound(const io::RunConfig& c) {
-  double sum = 0;
-  for (int s = 0; s < c.train.steps; s++)
-    sum += optim::lr_at(s, c.train.steps, c.optim.warmup_steps, static_cast<float>(c.optim.lr),
-                        static_cast<float>(c.optim.min_lr));
-  return 2 * sum * (1 + c.optim.weight_decay);
-}
-
 io::RunConfig recipe(const std::string& compute) {
   io::RunConfig c = mpitest::parity_recipe();
   c.model.n_layer = 4;
@@ -66,42 +52,6 @@ io::RunConfig recipe(const std::string& compute) {
   c.train.global_batch_size = 8;
   c.precision.compute = compute;
   return c;
-}
-
-struct Diff {
-  double loss = 0, param = 0, rms = 0, other = 0;
-  std::string param_at;
-};
-
-Diff difference(const RunResult& got, const RunResult& want) {
-  Diff d;
-  for (size_t s = 0; s < want.losses.size() && s < got.losses.size(); s++)
-    d.loss = std::max(d.loss, std::fabs(got.losses[s] - want.losses[s]) / std::fabs(want.losses[s]));
-  double sq = 0, n = 0;
-  for (size_t p = 0; p < want.params.size() && p < got.params.size(); p++)
-    for (size_t i = 0; i < want.params[p].data.size() && i < got.params[p].data.size(); i++) {
-      const double x = std::fabs(static_cast<double>(got.params[p].data[i]) - want.params[p].data[i]);
-      if (x > d.param) d.param = x, d.param_at = want.params[p].name;
-      if (want.params[p].name.find("c_attn.bias") == std::string::npos) d.other = std::max(d.other, x);
-      sq += x * x, n++;
-    }
-  d.rms = std::sqrt(sq / n);
-  return d;
-}
-
-void expect_close_run(const RunResult& got, const RunResult& want, double param_bound, const std::string& what) {
-  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
-  ASSERT_EQ(got.params.size(), want.params.size()) << what;
-  for (double l : got.losses) ASSERT_TRUE(std::isfinite(l)) << what;
-  const Diff d = difference(got, want);
-  if (world().rank() == 0)
-    std::printf(
-        "[ measured ] %s: losses within %.2e relative, master weights within %.2e (%s), rms %.2e, "
-        "outside c_attn.bias %.2e\n",
-        what.c_str(), d.loss, d.param, d.param_at.c_str(), d.rms, d.other);
-  EXPECT_LE(d.loss, kLossTol16) << what;
-  EXPECT_LE(d.rms, kRmsTol16) << what;
-  EXPECT_LE(d.param, param_bound) << what << " (largest in " << d.param_at << ")";
 }
 
 const RunResult& reference(const std::string& compute) {
@@ -130,7 +80,7 @@ io::RunConfig layout(const std::string& compute, int dp, int tp, int pp, int zer
 
 TEST(Precision, SixteenBitComputeTracksF32) {
   for (const char* t : {"bf16", "f16"}) {
-    const Diff d = difference(reference(t), reference("f32"));
+    const mpitest::Diff d = mpitest::difference(reference(t), reference("f32"));
     if (world().rank() == 0)
       std::printf("[ measured ] %s vs f32 compute: losses within %.2e relative over 10 steps\n", t, d.loss);
     EXPECT_LE(d.loss, 1e-2) << t << " compute's losses vs f32's";
@@ -162,7 +112,7 @@ TEST(Precision, EveryLayoutTrainsItsOwnOneProcessModel) {
     }
     for (const io::RunConfig& c : layouts) {
       const int n = c.parallel.dp * c.parallel.tp * c.parallel.pp;
-      expect_close_run(mpitest::train_run(c, groups_of(n)), want, adam_bound(c), describe(c));
+      mpitest::expect_close_run_16(mpitest::train_run(c, groups_of(n)), want, mpitest::adam_bound(c), describe(c));
     }
   }
 }

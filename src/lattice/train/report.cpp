@@ -34,7 +34,8 @@ std::string human_count(double x) {
 std::string Trainer::describe_pipeline() const {
   std::string out = "pipeline " + schedule_.name + " over " + std::to_string(schedule_.ranks) + " ranks, " +
                     std::to_string(schedule_.stages) + " stages of layers";
-  for (const pipeline::ChunkLayers& c : cut_) out += " [" + std::to_string(c.first) + "," + std::to_string(c.last) + ")";
+  for (const pipeline::ChunkLayers& c : cut_)
+    out += " [" + std::to_string(c.first) + "," + std::to_string(c.last) + ")";
   out += ", " + std::to_string(schedule_.micro_batches) + " micro-batches per step; simulated bubble at equal costs " +
          std::to_string(pipeline::simulate(schedule_).bubble).substr(0, 5);
   return out;
@@ -46,63 +47,74 @@ void Trainer::print_header() const {
   std::printf("lattice: GPT %s parameters (n_layer=%d n_head=%d n_embd=%d vocab=%d seq_len=%d)\n",
               human_count(static_cast<double>(model_config_.num_params())).c_str(), m.n_layer, m.n_head, m.n_embd,
               m.vocab_size, m.seq_len);
-  std::printf("lattice: batch %d x %d tokens x %d micro-batches x %d data-parallel ranks = %lld tokens/step, %lld steps, "
-              "%d threads per rank\n",
-              config_.train.micro_batch_size, m.seq_len, micro_batches_, config_.parallel.dp,
-              static_cast<long long>(io::global_batch_size(config_) * m.seq_len),
-              static_cast<long long>(config_.train.steps), num_threads());
+  std::printf(
+      "lattice: batch %d x %d tokens x %d micro-batches x %d data-parallel ranks = %lld tokens/step, %lld steps, "
+      "%d threads per rank\n",
+      config_.train.micro_batch_size, m.seq_len, micro_batches_, config_.parallel.dp,
+      static_cast<long long>(io::global_batch_size(config_) * m.seq_len), static_cast<long long>(config_.train.steps),
+      num_threads());
   if (oversubscribed_) {
     const int cores = node_cores();
     if (bound_)
-      std::printf("lattice: warning: %d threads per rank on the %d core(s) mpiexec bound each rank to: threads wait "
-                  "for each other's cores and a step can take many times longer; set train.threads=%d (or 0), or "
-                  "start with mpiexec --bind-to none\n",
-                  num_threads(), cpus_, cpus_);
+      std::printf(
+          "lattice: warning: %d threads per rank on the %d core(s) mpiexec bound each rank to: threads wait "
+          "for each other's cores and a step can take many times longer; set train.threads=%d (or 0), or "
+          "start with mpiexec --bind-to none\n",
+          num_threads(), cpus_, cpus_);
     else if (local_ranks_ > cores)
-      std::printf("lattice: warning: %d ranks on this node's %d cores: they take turns, so steps are slow and time "
-                  "figures mean nothing (fine for checking correctness)\n",
-                  local_ranks_, cores);
+      std::printf(
+          "lattice: warning: %d ranks on this node's %d cores: they take turns, so steps are slow and time "
+          "figures mean nothing (fine for checking correctness)\n",
+          local_ranks_, cores);
     else
-      std::printf("lattice: warning: %d ranks x %d threads on this node's %d cores: threads wait for each other's "
-                  "cores and a step can take many times longer; set train.threads=%d (or 0 to share the cores)\n",
-                  local_ranks_, num_threads(), cores, cpus_);
+      std::printf(
+          "lattice: warning: %d ranks x %d threads on this node's %d cores: threads wait for each other's "
+          "cores and a step can take many times longer; set train.threads=%d (or 0 to share the cores)\n",
+          local_ranks_, num_threads(), cores, cpus_);
   } else if (bound_ && local_ranks_ * cpus_ < node_cores()) {
-    std::printf("lattice: note: mpiexec bound each rank to %d of this node's %d cores, leaving %d idle; "
-                "mpiexec --bind-to none lets the ranks share them all\n",
-                cpus_, node_cores(), node_cores() - local_ranks_ * cpus_);
+    std::printf(
+        "lattice: note: mpiexec bound each rank to %d of this node's %d cores, leaving %d idle; "
+        "mpiexec --bind-to none lets the ranks share them all\n",
+        cpus_, node_cores(), node_cores() - local_ranks_ * cpus_);
   }
   std::printf("lattice: %s\n", dp_->describe().c_str());
   if (compute_ == DType::BF16)
-    std::printf("lattice: precision: bf16 compute (weights and stored activations rounded to bf16, f32 master "
-                "weights, Adam moments, gradients and accumulation); no loss scale: bf16 has f32's exponent range\n");
+    std::printf(
+        "lattice: precision: bf16 compute (weights and stored activations rounded to bf16, f32 master "
+        "weights, Adam moments, gradients and accumulation); no loss scale: bf16 has f32's exponent range\n");
   else if (compute_ == DType::F16)
-    std::printf("lattice: precision: f16 compute (weights and stored activations rounded to f16, f32 master "
-                "weights, Adam moments, gradients and accumulation); %s\n",
-                scaler_.describe().c_str());
+    std::printf(
+        "lattice: precision: f16 compute (weights and stored activations rounded to f16, f32 master "
+        "weights, Adam moments, gradients and accumulation); %s\n",
+        scaler_.describe().c_str());
   if (schedule_.ranks > 1) std::printf("lattice: %s\n", describe_pipeline().c_str());
   if (tp_) {
     const model::GPT& any = *parts_.front();
     const model::GPT::Dims& d = any.dims();
-    std::printf("lattice: tensor parallel over %d ranks%s: each holds %d of %d heads, %d of %d MLP columns and %d of "
-                "%d vocabulary rows (padded from %d)\n",
-                tp_->size(), tp_->sequence_parallel() ? ", sequence parallel" : "", d.NH, m.n_head, d.F,
-                4 * m.n_embd, d.V, any.wte_rows(), m.vocab_size);
+    std::printf(
+        "lattice: tensor parallel over %d ranks%s: each holds %d of %d heads, %d of %d MLP columns and %d of "
+        "%d vocabulary rows (padded from %d)\n",
+        tp_->size(), tp_->sequence_parallel() ? ", sequence parallel" : "", d.NH, m.n_head, d.F, 4 * m.n_embd, d.V,
+        any.wte_rows(), m.vocab_size);
   }
   if (config_.parallel.zero_stage > 0 && config_.parallel.dp == 1)
-    std::printf("lattice: note: parallel.zero_stage=%d with parallel.dp=1 shards over one rank: it runs the "
-                "stage's machinery and trains the same model as stage 0%s\n",
-                config_.parallel.zero_stage, config_.zero.offload == "disk" ? " (the offload still applies)" : "");
+    std::printf(
+        "lattice: note: parallel.zero_stage=%d with parallel.dp=1 shards over one rank: it runs the "
+        "stage's machinery and trains the same model as stage 0%s\n",
+        config_.parallel.zero_stage, config_.zero.offload == "disk" ? " (the offload still applies)" : "");
   if (config_.compression.grad != "none" && config_.parallel.dp == 1)
-    std::printf("lattice: note: compression.grad=%s with parallel.dp=1: one rank sends no gradients, so nothing "
-                "is compressed\n",
-                config_.compression.grad.c_str());
+    std::printf(
+        "lattice: note: compression.grad=%s with parallel.dp=1: one rank sends no gradients, so nothing "
+        "is compressed\n",
+        config_.compression.grad.c_str());
   std::printf("lattice: data %s\n", train_data_->describe().c_str());
   if (val_data_ && config_.train.eval_every > 0)
     std::printf("lattice: eval every %lld steps on %s\n", static_cast<long long>(config_.train.eval_every),
                 val_data_->describe().c_str());
   std::printf("lattice: machine %s\n", describe_machine().c_str());
-  std::printf("lattice: MFU relative to %.0f GFLOP/s fp32 (%d threads x %.1f, %s; LATTICE_PEAK_GFLOPS_PER_CORE overrides)\n",
-              peak_flops_ / 1e9, num_threads(), peak_.fp32_gflops_per_core, peak_.source.c_str());
+  std::printf(
+      "lattice: MFU relative to %.0f GFLOP/s fp32 (%d threads x %.1f, %s; LATTICE_PEAK_GFLOPS_PER_CORE overrides)\n",
+      peak_flops_ / 1e9, num_threads(), peak_.fp32_gflops_per_core, peak_.source.c_str());
   std::fflush(stdout);
 }
 
@@ -125,49 +137,49 @@ void Trainer::print_step(const StepStats& s) const {
   if (tp_)
     std::snprintf(tp, sizeof tp, " | tp comm %.0f ms (%.0f%%)", s.tp_comm_ms,
                   s.step_ms > 0 ? 100.0 * s.tp_comm_ms / s.step_ms : 0.0);
-  std::printf("step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f%s | %.1f ms | %s tok/s | MFU %.1f%% | mem %s%s%s%s\n",
-              static_cast<int>(std::to_string(config_.train.steps).size()), static_cast<long long>(s.step),
-              static_cast<long long>(config_.train.steps), s.loss, val, s.lr, s.grad_norm, scale, s.step_ms,
-              human_count(s.tokens_per_sec).c_str(), 100.0 * s.mfu,
-              format_bytes(static_cast<double>(s.peak_mem_bytes)).c_str(), comm, bubble, tp);
+  std::printf(
+      "step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f%s | %.1f ms | %s tok/s | MFU %.1f%% | mem %s%s%s%s\n",
+      static_cast<int>(std::to_string(config_.train.steps).size()), static_cast<long long>(s.step),
+      static_cast<long long>(config_.train.steps), s.loss, val, s.lr, s.grad_norm, scale, s.step_ms,
+      human_count(s.tokens_per_sec).c_str(), 100.0 * s.mfu, format_bytes(static_cast<double>(s.peak_mem_bytes)).c_str(),
+      comm, bubble, tp);
   std::fflush(stdout);
 }
 
-
 void Trainer::write_metrics(const StepStats& s) {
   if (!metrics_) return;
-    std::vector<std::pair<std::string, double>> fields = {
-        {"step", static_cast<double>(s.step)}, {"loss", s.loss},
-        {"lr", s.lr},
-        {"grad_norm", s.grad_norm},
-        {"step_ms", s.step_ms},
-        {"tokens_per_sec", s.tokens_per_sec},
-        {"mfu", s.mfu},
-        {"peak_mem_bytes", static_cast<double>(s.peak_mem_bytes)},
-        {"tokens", static_cast<double>(tokens_seen_)},
-        {"comm_ms", s.comm_ms},
-        {"comm_hidden", s.comm_hidden},
-        {"comm_exposed_ms", s.comm_exposed_ms},
-        {"comm_bytes", static_cast<double>(s.comm_bytes)}};
-    if (config_.compression.grad != "none") {
-      fields.push_back({"grad_bytes", static_cast<double>(s.grad_bytes)});
-      fields.push_back({"grad_bytes_uncompressed", static_cast<double>(s.grad_bytes_uncompressed)});
-    }
-    if (compute_ == DType::F16) {
-      fields.push_back({"loss_scale", s.loss_scale});
-      fields.push_back({"skipped", s.skipped ? 1.0 : 0.0});
-      fields.push_back({"skipped_total", static_cast<double>(scaler_.skipped())});
-    }
-    if (s.pp_bubble >= 0) {
-      fields.push_back({"pp_bubble", s.pp_bubble});
-      fields.push_back({"pp_bubble_simulated", s.pp_bubble_simulated});
-    }
-    if (tp_) {
-      fields.push_back({"tp_comm_ms", s.tp_comm_ms});
-      fields.push_back({"tp_comm_bytes", static_cast<double>(s.tp_comm_bytes)});
-    }
-    if (s.val_loss >= 0) fields.push_back({"val_loss", s.val_loss});
-    metrics_->write(fields);
+  std::vector<std::pair<std::string, double>> fields = {{"step", static_cast<double>(s.step)},
+                                                        {"loss", s.loss},
+                                                        {"lr", s.lr},
+                                                        {"grad_norm", s.grad_norm},
+                                                        {"step_ms", s.step_ms},
+                                                        {"tokens_per_sec", s.tokens_per_sec},
+                                                        {"mfu", s.mfu},
+                                                        {"peak_mem_bytes", static_cast<double>(s.peak_mem_bytes)},
+                                                        {"tokens", static_cast<double>(tokens_seen_)},
+                                                        {"comm_ms", s.comm_ms},
+                                                        {"comm_hidden", s.comm_hidden},
+                                                        {"comm_exposed_ms", s.comm_exposed_ms},
+                                                        {"comm_bytes", static_cast<double>(s.comm_bytes)}};
+  if (config_.compression.grad != "none") {
+    fields.push_back({"grad_bytes", static_cast<double>(s.grad_bytes)});
+    fields.push_back({"grad_bytes_uncompressed", static_cast<double>(s.grad_bytes_uncompressed)});
+  }
+  if (compute_ == DType::F16) {
+    fields.push_back({"loss_scale", s.loss_scale});
+    fields.push_back({"skipped", s.skipped ? 1.0 : 0.0});
+    fields.push_back({"skipped_total", static_cast<double>(scaler_.skipped())});
+  }
+  if (s.pp_bubble >= 0) {
+    fields.push_back({"pp_bubble", s.pp_bubble});
+    fields.push_back({"pp_bubble_simulated", s.pp_bubble_simulated});
+  }
+  if (tp_) {
+    fields.push_back({"tp_comm_ms", s.tp_comm_ms});
+    fields.push_back({"tp_comm_bytes", static_cast<double>(s.tp_comm_bytes)});
+  }
+  if (s.val_loss >= 0) fields.push_back({"val_loss", s.val_loss});
+  metrics_->write(fields);
 }
 
 void Trainer::print_summary(double seconds, int64_t steps_ran) const {
@@ -179,16 +191,16 @@ void Trainer::print_summary(double seconds, int64_t steps_ran) const {
   for (size_t i = history_.size() > 1 ? 1 : 0; i < history_.size(); i++, counted++) ms += history_[i].step_ms;
   if (counted > 0 && ms > 0)
     tok_s = counted * static_cast<double>(io::global_batch_size(config_)) * config_.model.seq_len / (ms / 1e3);
-  std::printf("lattice: done, %lld steps in %.1f s, final loss %.4f", static_cast<long long>(steps_ran),
-              seconds, history_.empty() ? 0.0 : history_.back().loss);
+  std::printf("lattice: done, %lld steps in %.1f s, final loss %.4f", static_cast<long long>(steps_ran), seconds,
+              history_.empty() ? 0.0 : history_.back().loss);
   for (auto it = history_.rbegin(); it != history_.rend(); ++it)
     if (it->val_loss >= 0) {
       std::printf(", val loss %.4f", it->val_loss);
       break;
     }
-  std::printf(", %s tok/s, MFU %.1f%%\n", human_count(tok_s).c_str(),
-              100.0 * tok_s * model_config_.flops_per_token(config_.model.seq_len) /
-                  (peak_flops_ * mesh_->world().size()));
+  std::printf(
+      ", %s tok/s, MFU %.1f%%\n", human_count(tok_s).c_str(),
+      100.0 * tok_s * model_config_.flops_per_token(config_.model.seq_len) / (peak_flops_ * mesh_->world().size()));
   std::printf("lattice: peak memory %s\n", MemoryTracker::instance().summary().c_str());
   std::fflush(stdout);
 }

@@ -39,12 +39,12 @@ struct DataParallel::Part {
       : model(m), groups(m.groups()), layout(buckets), opt_layout(mine) {}
   model::GPT& model;
   std::vector<model::ParamGroup>& groups;
-  ShardLayout layout;      // over the dp ranks: buckets and shards
-  ShardLayout opt_layout;  // what this rank's optimizer updates (= layout, or whole groups at stage 0)
-  std::vector<int64_t> state_base;  // offset of each group's shard in the optimizer state
-  int64_t key_base = 0;             // GradientReducer key group of group 0
-  std::vector<Buffer> shard_grads;  // stages 2-3: this rank's gradient slices per group
-  std::vector<uint8_t> written;     // stages 2-3: a slice was reduced into this step; 0-1: posted this step
+  ShardLayout layout;                  // over the dp ranks: buckets and shards
+  ShardLayout opt_layout;              // what this rank's optimizer updates (= layout, or whole groups at stage 0)
+  std::vector<int64_t> state_base;     // offset of each group's shard in the optimizer state
+  int64_t key_base = 0;                // GradientReducer key group of group 0
+  std::vector<Buffer> shard_grads;     // stages 2-3: this rank's gradient slices per group
+  std::vector<uint8_t> written;        // stages 2-3: a slice was reduced into this step; 0-1: posted this step
   std::vector<LowRankLayout> lowrank;  // compression.grad = powersgd: each group's matrices
   // The embedding group piece by piece (sharded_embedding.h): stages 2-3
   // whenever the part holds it, stages 0-1 for a whole model over ranks > 1.
@@ -148,8 +148,8 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
       chunk_bytes[m->embedding_index()] = std::min(options.bucket_bytes, kEmbeddingChunkBytes);
     }
     const ShardLayout buckets(m->groups(), dp.size(), dp.rank(), options.bucket_bytes, rows, chunk_bytes);
-    auto p = std::make_unique<Part>(*m, buckets, stage == 0 ? ShardLayout(m->groups(), 1, 0, options.bucket_bytes)
-                                                            : buckets);
+    auto p = std::make_unique<Part>(*m, buckets,
+                                    stage == 0 ? ShardLayout(m->groups(), 1, 0, options.bucket_bytes) : buckets);
     p->key_base = key;
     key += static_cast<int64_t>(p->groups.size());
     const size_t G = p->groups.size();
@@ -169,7 +169,8 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
     // The pass orders: forward emb, h..., ln_f; backward (the head) emb, ln_f,
     // then the blocks from the last, the lookup's emb at the end.
     const model::GPT& mm = p->model;
-    const size_t b0 = mm.block_index(mm.first_layer()), b1 = b0 + static_cast<size_t>(mm.last_layer() - mm.first_layer());
+    const size_t b0 = mm.block_index(mm.first_layer()),
+                 b1 = b0 + static_cast<size_t>(mm.last_layer() - mm.first_layer());
     if (mm.first_stage()) p->forward_order.push_back(mm.embedding_index());
     for (size_t b = b0; b < b1; b++) p->forward_order.push_back(b);
     if (mm.last_stage()) {
@@ -181,10 +182,10 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
   }
 
   // Where the optimizer state lives: moments, and at stage 3 the parameters.
-  std::unique_ptr<StateStore> store =
-      options.offload_to_disk ? make_disk_store(options.offload_dir, dp.world_ranks()[dp.rank()], total,
-                                                stage == 3 ? 3 : 2, options.offload_window_bytes)
-                              : optim::make_memory_store(total, stage == 3 ? 3 : 2);
+  std::unique_ptr<StateStore> store = options.offload_to_disk
+                                          ? make_disk_store(options.offload_dir, dp.world_ranks()[dp.rank()], total,
+                                                            stage == 3 ? 3 : 2, options.offload_window_bytes)
+                                          : optim::make_memory_store(total, stage == 3 ? 3 : 2);
   std::vector<optim::AdamWSegment> segments;
   std::vector<int64_t> pooled;  // capacities of the groups borrowed whole at stages 2-3 (not the embedding)
   int64_t largest_shard = 0;
@@ -211,9 +212,9 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
       largest_shard = std::max(largest_shard, p.layout.group(g).shard_numel());
     }
     if (stage == 3 && options.offload_to_disk && p.model.has_embedding())
-      p.embedding_staging = Buffer(
-          static_cast<size_t>(p.layout.group(p.model.embedding_index()).shard_numel()) * sizeof(float),
-          MemCategory::Params);
+      p.embedding_staging =
+          Buffer(static_cast<size_t>(p.layout.group(p.model.embedding_index()).shard_numel()) * sizeof(float),
+                 MemCategory::Params);
   }
   if (stage == 3) {
     param_pool_ = std::make_unique<Pool>(MemCategory::Params, pooled, 2);
@@ -298,7 +299,8 @@ std::string DataParallel::describe() const {
     if (c.spec.codec == GradCodec::PowerSgd) s << " (rank " << c.spec.powersgd_rank << ")";
     s << (c.error_feedback ? " with" : " without") << " error feedback";
     if (c.warmup_steps > 0) s << " after " << c.warmup_steps << " uncompressed steps";
-    if (stream_->progress() == comm::Progress::Poll) s << " (poll progress: compressed reductions run inline, no overlap)";
+    if (stream_->progress() == comm::Progress::Poll)
+      s << " (poll progress: compressed reductions run inline, no overlap)";
   }
   s << ", optimizer state in " << optimizer_->store().describe();
   return s.str();
@@ -329,7 +331,13 @@ void DataParallel::part_done(size_t j) {
   Part& p = *parts_.at(j);
   if (stage() >= 2) return;  // every backward reduced its groups as they were written
   for (size_t g = 0; g < p.groups.size(); g++)
-    if (!p.written[g] && !(is_embedding(p, g) && p.embedding)) reduce_group(j, g);
+    if (!p.written[g] && !reduced_at_finish(p, g)) reduce_group(j, g);
+}
+
+bool DataParallel::reduced_at_finish(const Part& p, size_t g) const {
+  // The embedding reduces itself (ShardedEmbedding), or, on a pipeline's
+  // first or last stage at stages 0-1, after the tied copies are summed.
+  return is_embedding(p, g) && (p.embedding || (stage() < 2 && !p.model.whole_model()));
 }
 
 void DataParallel::reap() {
@@ -347,43 +355,48 @@ void DataParallel::reap() {
 }
 
 void DataParallel::finish_gradients() {
+  // The tied embedding under pipelines: its first and its last stage's copies.
+  size_t first = parts_.size(), last = parts_.size();
+  for (size_t j = 0; j < parts_.size(); j++) {
+    const model::GPT& m = parts_[j]->model;
+    if (m.has_embedding() && !m.whole_model()) (m.first_stage() ? first : last) = j;
+  }
+  const size_t any = first < parts_.size() ? first : last;
+  const bool tied = any < parts_.size();
+  LATTICE_CHECK(!tied || tied_sum_, "internal: pipeline stages hold the tied embedding but no tied sum was wired");
+  const size_t e = tied ? parts_[any]->model.embedding_index() : 0;
+  auto part = [&](size_t j) { return j < parts_.size() ? parts_[j].get() : nullptr; };
+  if (tied && stage() < 2) {
+    // Stages 0-1 hold the copies' whole gradients: summed first (the lookup's
+    // share and the head's), then each reduced over the replicas — one sum
+    // is compressed, not two shares (a low-rank codec approximates the sum
+    // far better than the sparse lookup's share alone).
+    auto grad = [&](size_t j) -> float* {
+      Part* p = part(j);
+      if (!p) return nullptr;
+      p->groups[e].zero_unwritten_grads();
+      return p->groups[e].grad_storage();
+    };
+    tied_sum_(grad(first), grad(last), static_cast<size_t>(parts_[any]->groups[e].numel()));
+    for (size_t j : {first, last})
+      if (part(j)) reduce_group(j, e);
+  }
   for (auto& p : parts_)
     if (p->embedding) p->embedding->finish();
   stream_->wait_all();
   reap();
   LATTICE_CHECK(pending_grad_releases_.empty(), "internal: gradient buffers still lent after the last reduction");
+  if (stage() < 2) return;
   // A group no backward wrote this step (none should) holds zero slices.
-  if (stage() >= 2)
-    for (auto& p : parts_)
-      for (size_t g = 0; g < p->groups.size(); g++)
-        if (!p->written[g] && !(is_embedding(*p, g) && p->embedding->written()))
-          std::memset(p->shard_grads[g].data(), 0, p->shard_grads[g].bytes());
-  // The tied embedding under pipelines: its first and last stage's copies,
-  // each reduced over the replicas, summed on what this rank keeps.
-  Part *first = nullptr, *last = nullptr;
-  for (auto& p : parts_) {
-    if (!p->model.has_embedding() || p->model.whole_model()) continue;
-    (p->model.first_stage() ? first : last) = p.get();
-  }
-  Part* any = first ? first : last;
-  if (!any) return;
-  LATTICE_CHECK(tied_sum_, "internal: pipeline stages hold the tied embedding but no tied sum was wired");
-  const size_t e = any->model.embedding_index();
-  auto grad_of = [&](Part* p) -> float* {
-    if (!p) return nullptr;
-    return stage() >= 2 ? p->shard_grads[e].as<float>() : p->groups[e].grad_storage();
-  };
-  const GroupShard& s = any->layout.group(e);
-  if (stage() == 0) {
-    tied_sum_(grad_of(first), grad_of(last), static_cast<size_t>(any->groups[e].numel()));
-  } else if (stage() == 1) {  // this rank's slices, at their home positions
-    for (int64_t c = 0; c < s.chunks; c++) {
-      const int64_t at = s.slice_begin(c);
-      tied_sum_(first ? grad_of(first) + at : nullptr, last ? grad_of(last) + at : nullptr,
-                static_cast<size_t>(s.slice));
-    }
-  } else {
-    tied_sum_(grad_of(first), grad_of(last), static_cast<size_t>(s.shard_numel()));
+  for (auto& p : parts_)
+    for (size_t g = 0; g < p->groups.size(); g++)
+      if (!p->written[g] && !(is_embedding(*p, g) && p->embedding->written()))
+        std::memset(p->shard_grads[g].data(), 0, p->shard_grads[g].bytes());
+  // Stages 2-3 hold no whole gradient: the copies' slices, each reduced over
+  // the replicas as it went, are summed.
+  if (tied) {
+    auto slices = [&](size_t j) { return part(j) ? part(j)->shard_grads[e].as<float>() : nullptr; };
+    tied_sum_(slices(first), slices(last), static_cast<size_t>(parts_[any]->layout.group(e).shard_numel()));
   }
 }
 
@@ -538,7 +551,7 @@ void DataParallel::grads_done(size_t j, size_t g) {
   reap();
   Part& p = *parts_[j];
   if (stage() < 2 && !p.last) return;  // stages 0-1 reduce the step's last backward only
-  if (is_embedding(p, g) && p.embedding) return;  // reduced by the embedding itself, as it went
+  if (reduced_at_finish(p, g)) return;
   reduce_group(j, g);
 }
 

@@ -36,11 +36,12 @@
 // the very end of the backward). See "ZeRO" in docs/parallel.md.
 //
 // The tied embedding under pipelines: the first stage's copy (the lookup's
-// gradient) and the last stage's (the head's) are each reduced over the
-// replicas, then summed between the two stages on what this rank keeps (the
-// whole gradient at stage 0, its slices from stage 1) by the TiedSum the
-// trainer wires to the executor: both copies then hold the same sum and stay
-// equal after the update.
+// gradient) and the last stage's (the head's) are summed between the two
+// stages by the TiedSum the trainer wires to the executor — at stages 0-1
+// their whole gradients after the schedule, each copy then reduced over the
+// replicas (so a codec compresses the sum); at stages 2-3, which never hold
+// a whole embedding gradient, the slices each copy was reduced into. Both
+// copies then hold the same sum and stay equal after the update.
 //
 // Bytes each rank sends per step (one micro-batch): stages 0-2 2Ψ(n-1)/n
 // (an all-reduce is a reduce-scatter plus an all-gather), stage 3 3Ψ(n-1)/n.
@@ -168,6 +169,8 @@ class DataParallel {
   void before_grads(size_t j, size_t g);
   void grads_done(size_t j, size_t g);
   bool is_embedding(const Part& p, size_t g) const;
+  // Whether group g of p is reduced outside grads_done/part_done.
+  bool reduced_at_finish(const Part& p, size_t g) const;
   void reduce_group(size_t j, size_t g);
   void post_gather(size_t j, size_t g);
   void reap();

@@ -164,8 +164,6 @@ double Executor::run_actions(const std::vector<Action>& actions, const std::vect
       if (needs(actions[j], &key)) post_receive(key);
     }
     model::GPT& g = stage_model(a.stage);
-    const std::string where =
-        "rank " + std::to_string(me) + " action " + std::to_string(i + 1) + " '" + to_string(a) + "'";
     try {
       Key key;
       std::vector<float> in;
@@ -213,7 +211,10 @@ double Executor::run_actions(const std::vector<Action>& actions, const std::vect
       timeline_.push_back(iv);
       if (training && stage_done_ && last_backward[a.stage] == i) stage_done_(a.stage);
     } catch (const Error& e) {
-      LATTICE_FAIL("pipeline " << where << ": " << e.what());
+      // Under a pipeline the message says which action failed; one stage
+      // (the whole model) needs no such pointer.
+      if (schedule_.ranks == 1) throw;
+      LATTICE_FAIL("pipeline rank " << me << " action " << i + 1 << " '" << to_string(a) << "': " << e.what());
     }
   }
   for (Pending& p : sends) p.work->wait();

@@ -33,8 +33,11 @@ ShardedEmbedding::ShardedEmbedding(model::ParamGroup& group, const model::ModelC
                 "internal: the embedding group is not laid out in rows of n_embd=" << C_);
   wpe_row_ = wpe.offset / C_;
   const size_t chunk_bytes = static_cast<size_t>(shard.chunk_numel()) * sizeof(float);
-  if (params_) pieces_ = Buffer(2 * chunk_bytes, MemCategory::Params);
-  if (gradients_ == Gradients::Sharded) grad_pieces_ = Buffer(2 * chunk_bytes, MemCategory::Grads);
+  // Two pieces (one in use, the next chunk's collective in flight), or one
+  // when the group is a single chunk.
+  const size_t pieces = shard.chunks > 1 ? 2 : 1;
+  if (params_) pieces_ = Buffer(pieces * chunk_bytes, MemCategory::Params);
+  if (gradients_ == Gradients::Sharded) grad_pieces_ = Buffer(pieces * chunk_bytes, MemCategory::Grads);
   // PowerSGD: chunk c's wte rows one matrix, its wpe rows another (wpe is
   // whole on every tensor-parallel rank and must stay identical there: its
   // approximation may not depend on this rank's wte slice); padding rows

@@ -1,0 +1,247 @@
+// The layout matrix: one table of layouts, each row trained under mpiexec
+// and checked against the one-process run of the same global batch (the
+// harness of equivalence.h). One launch on 8 ranks runs every row; a row of
+// n ranks runs on the first n, the others wait for the next row.
+//
+// Columns: the ranks a row needs, its settings (config keys, as --set takes
+// them), and what is checked:
+//   same     fp32: losses to 1e-5 relative and gradient norms to 1e-4 after 10
+//            steps, every full tensor to 1e-4 absolute (equivalence.h).
+//   close16  bf16/f16 compute: against the one process at the same compute
+//            dtype, losses to 5e-4 relative, master weights to 2e-3 RMS and
+//            each within Adam's largest movement (equivalence.h, why).
+//   learns   a lossy gradient codec: the loss falls at least half as far as
+//            the uncompressed one process's over the same 10 steps, and every
+//            rank ends with the same parameters (replicas identical).
+//   eval     the val loss before and after 3 steps equals one process's (1e-5).
+//   init     checkpoint.init_from a model file (another seed's initial
+//            weights): the layout trains from it as one process does (same).
+// The base recipe (every row): the parity model with 4 layers (L=4, H=4, C=32,
+// V=101, T=16), micro-batches of 2, a global batch of 8 sequences. The README's
+// correctness section lists the rows; a new layout is a new row.
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "equivalence.h"
+#include "lattice/io/file_util.h"
+#include "lattice/parallel/pipeline/schedule.h"
+#include "mpi_ranks.h"
+
+using namespace lattice;
+using mpitest::RunResult;
+using mpitest::world;
+
+namespace {
+
+enum class Check { Same, Close16, Learns, Eval, Init };
+
+struct Row {
+  const char* name;
+  int ranks;
+  const char* sets;  // space-separated key=value
+  Check check;
+};
+
+// Every combination the issues name as untested, and the dimensions each
+// composes with. (The per-dimension suites — dp_test, tp_test, pp_test,
+// precision_test, compress_test — hold each dimension alone and their
+// formulas; this table holds the combinations.)
+const Row kRows[] = {
+    // tensor x pipeline with every schedule family
+    {"tp2 x pp2 gpipe", 4, "parallel.tp=2 parallel.pp=2 parallel.schedule=gpipe", Check::Same},
+    {"tp2 x pp2 interleaved v2", 4,
+     "parallel.tp=2 parallel.pp=2 parallel.schedule=interleaved parallel.virtual_stages=2", Check::Same},
+    {"tp2 x pp2 zb-v SP", 4,
+     "parallel.tp=2 parallel.pp=2 parallel.schedule=zb-v parallel.virtual_stages=2 parallel.sequence_parallel=true",
+     Check::Same},
+    // data x pipeline with interleaving
+    {"dp2 x pp2 interleaved v2 ZeRO-1", 4,
+     "parallel.dp=2 parallel.pp=2 parallel.schedule=interleaved parallel.virtual_stages=2 parallel.zero_stage=1",
+     Check::Same},
+    {"dp2 x pp2 zb-v ZeRO-2", 4,
+     "parallel.dp=2 parallel.pp=2 parallel.schedule=zb-v parallel.virtual_stages=2 parallel.zero_stage=2", Check::Same},
+    {"dp2 x pp2 1f1b ZeRO-3 offload", 4,
+     "parallel.dp=2 parallel.pp=2 parallel.zero_stage=3 zero.offload=disk zero.offload_dir=@DIR", Check::Same},
+    // 3D without SP, and at ZeRO 0 with a schedule other than 1F1B
+    {"dp2 x tp2 x pp2 1f1b ZeRO-1", 8, "parallel.dp=2 parallel.tp=2 parallel.pp=2 parallel.zero_stage=1", Check::Same},
+    {"dp2 x tp2 x pp2 gpipe SP ZeRO-0", 8,
+     "parallel.dp=2 parallel.tp=2 parallel.pp=2 parallel.schedule=gpipe parallel.sequence_parallel=true", Check::Same},
+    // tp = 4 and pp = 4 with another dimension
+    {"tp4 x pp2 zb-h1 SP", 8, "parallel.tp=4 parallel.pp=2 parallel.schedule=zb-h1 parallel.sequence_parallel=true",
+     Check::Same},
+    {"dp2 x pp4 1f1b ZeRO-3", 8, "parallel.dp=2 parallel.pp=4 parallel.zero_stage=3", Check::Same},
+    {"dp2 x tp4 ZeRO-2", 8, "parallel.dp=2 parallel.tp=4 parallel.zero_stage=2", Check::Same},
+    // a CSV schedule through lattice train (one of PyTorch's format, written here)
+    {"pp2 csv:", 2, "parallel.pp=2 parallel.schedule=csv:@CSV", Check::Same},
+    // the split backward at pp = 1 (the one-stage zero-bubble schedule) with data parallelism
+    {"dp2 zb-h1 (split backward) ZeRO-3", 2, "parallel.dp=2 parallel.schedule=zb-h1 parallel.zero_stage=3",
+     Check::Same},
+    // 16-bit compute with the split backward, interleaving, 3D and a codec
+    {"bf16 zb-h1 (split backward)", 1, "precision.compute=bf16 parallel.schedule=zb-h1", Check::Close16},
+    {"f16 pp2 interleaved v2", 2,
+     "precision.compute=f16 parallel.pp=2 parallel.schedule=interleaved parallel.virtual_stages=2", Check::Close16},
+    {"bf16 dp2 x tp2 x pp2 SP ZeRO-1", 8,
+     "precision.compute=bf16 parallel.dp=2 parallel.tp=2 parallel.pp=2 parallel.sequence_parallel=true "
+     "parallel.zero_stage=1",
+     Check::Close16},
+    {"f16 dp2 ZeRO-2 bf16 codec", 2, "precision.compute=f16 parallel.dp=2 parallel.zero_stage=2 compression.grad=bf16",
+     Check::Learns},
+    {"bf16 dp2 x pp2 int8 codec", 4, "precision.compute=bf16 parallel.dp=2 parallel.pp=2 compression.grad=int8",
+     Check::Learns},
+    // lossy codecs over every ZeRO stage and over pipelines
+    {"dp2 ZeRO-2 topk 10%", 2, "parallel.dp=2 parallel.zero_stage=2 compression.grad=topk compression.topk_ratio=0.1",
+     Check::Learns},
+    {"dp2 ZeRO-3 onebit", 2, "parallel.dp=2 parallel.zero_stage=3 compression.grad=onebit", Check::Learns},
+    {"dp2 x pp2 ZeRO-3 powersgd", 4, "parallel.dp=2 parallel.pp=2 parallel.zero_stage=3 compression.grad=powersgd",
+     Check::Learns},
+    // checkpoint.init_from under tp, pp and ZeRO-3
+    {"init_from tp2 SP", 2, "parallel.tp=2 parallel.sequence_parallel=true", Check::Init},
+    {"init_from pp2 zb-h1", 2, "parallel.pp=2 parallel.schedule=zb-h1", Check::Init},
+    {"init_from dp2 ZeRO-3", 2, "parallel.dp=2 parallel.zero_stage=3", Check::Init},
+    // evaluation under dp x tp and 3D
+    {"eval dp2 x tp2", 4, "parallel.dp=2 parallel.tp=2", Check::Eval},
+    {"eval dp2 x tp2 x pp2 SP ZeRO-3", 8,
+     "parallel.dp=2 parallel.tp=2 parallel.pp=2 parallel.sequence_parallel=true parallel.zero_stage=3", Check::Eval},
+};
+
+io::RunConfig base() {
+  io::RunConfig c = mpitest::parity_recipe();
+  c.model.n_layer = 4;
+  c.train.micro_batch_size = 2;
+  c.train.global_batch_size = 8;
+  return c;
+}
+
+// The first n ranks of the job (null elsewhere). Collective on first use of n.
+comm::Communicator* first_ranks(int n) {
+  static std::map<int, std::unique_ptr<comm::Communicator>> made;
+  auto it = made.find(n);
+  if (it == made.end())
+    it = made.emplace(n, world().split(world().rank() < n ? 0 : -1, world().rank(), "first" + std::to_string(n))).first;
+  return it->second.get();
+}
+
+// The row's config: `sets` applied to the base, @DIR and @CSV replaced by a
+// scratch directory and a CSV schedule written there.
+io::RunConfig layout_of(const Row& row, const std::filesystem::path& dir) {
+  io::RunConfig c = base();
+  std::istringstream in(row.sets);
+  std::string item;
+  while (in >> item) {
+    if (const size_t at = item.find("@DIR"); at != std::string::npos) {
+      if (world().rank() == 0) std::filesystem::create_directories(dir / "offload");
+      item.replace(at, 4, (dir / "offload").string());
+    }
+    if (const size_t at = item.find("@CSV"); at != std::string::npos) {
+      const std::string path = (dir / "schedule.csv").string();
+      if (world().rank() == 0)
+        io::write_file_atomic(path,
+                              pipeline::to_csv(pipeline::make_schedule("1f1b", 2, 1, io::micro_batches_per_step(c))));
+      item.replace(at, 4, path);
+    }
+    io::apply_override(c, item);
+  }
+  return c;
+}
+
+// The one process of the same global batch, precision and recipe: every
+// parallel setting and the codec back to their defaults.
+io::RunConfig one_process(io::RunConfig c) {
+  const io::RunConfig defaults;
+  c.parallel = defaults.parallel;
+  c.zero = defaults.zero;
+  c.compression = defaults.compression;
+  return c;
+}
+
+// A row's name as a test name and a directory name.
+std::string row_name(const char* name) {
+  std::string n;
+  for (const char* p = name; *p; p++) n += std::isalnum(static_cast<unsigned char>(*p)) ? *p : '_';
+  return n;
+}
+
+// Trains (or evaluates) the row's layout on `ranks` and its one process,
+// and checks them as the row says.
+void run_row(const Row& row, const io::RunConfig& c, comm::Communicator& ranks) {
+  const io::RunConfig one = one_process(c);
+  const std::string what = row.name;
+  switch (row.check) {
+    case Check::Same:
+    case Check::Init:
+      mpitest::expect_same_run(mpitest::train_run(c, ranks), mpitest::train_run(one, mpitest::self()), what);
+      break;
+    case Check::Close16:
+      mpitest::expect_close_run_16(mpitest::train_run(c, ranks), mpitest::train_run(one, mpitest::self()),
+                                   mpitest::adam_bound(one), what);
+      break;
+    case Check::Learns: {
+      const RunResult got = mpitest::train_run(c, ranks);
+      io::RunConfig f32 = one;
+      f32.precision = io::RunConfig().precision;
+      const RunResult want = mpitest::train_run(f32, mpitest::self());
+      const double drop = got.losses.front() - got.losses.back(), want_drop = want.losses.front() - want.losses.back();
+      if (ranks.rank() == 0)
+        std::printf("[ learns ] %s: loss %.4f -> %.4f (one process, f32, uncompressed: %.4f -> %.4f)\n", what.c_str(),
+                    got.losses.front(), got.losses.back(), want.losses.front(), want.losses.back());
+      EXPECT_GT(want_drop, 0) << what;
+      EXPECT_GE(drop, 0.5 * want_drop) << what << ": the codec's run learned less than half as much";
+      for (const train::HfTensor& p : got.params)
+        ASSERT_EQ(mpitest::first_differing_rank(ranks, p.data), -1) << what << ": " << p.name << " differs";
+      break;
+    }
+    case Check::Eval: {
+      const std::vector<double> got = mpitest::eval_before_and_after(c, ranks);
+      const std::vector<double> want = mpitest::eval_before_and_after(one, mpitest::self());
+      ASSERT_EQ(got.size(), want.size()) << what;
+      for (size_t i = 0; i < want.size(); i++)
+        EXPECT_NEAR(got[i], want[i], 1e-5 * std::fabs(want[i])) << what << " evaluation " << i;
+      break;
+    }
+  }
+}
+
+class LayoutMatrix : public ::testing::TestWithParam<Row> {};
+
+TEST_P(LayoutMatrix, TrainsTheOneProcessModel) {
+  const Row& row = GetParam();
+  if (world().size() < row.ranks) GTEST_SKIP() << row.name << " needs " << row.ranks << " ranks";
+  const std::filesystem::path dir = mpitest::shared_dir("lattice_layout_matrix", row_name(row.name));
+  io::RunConfig c = layout_of(row, dir);
+  world().barrier();  // the CSV file is written
+  comm::Communicator* ranks = first_ranks(row.ranks);
+  mpitest::self();  // made on first use, collectively: every rank makes it here
+  if (row.check == Check::Init) {
+    // A model file of another seed's initial weights (so a layout that
+    // ignored the file and drew its own would not match), read by the layout
+    // and by one process.
+    const std::filesystem::path ckpt = dir / "ckpt";
+    io::RunConfig other = base();
+    other.train.seed = 4242;
+    if (world().rank() == 0) mpitest::train_run(other, mpitest::self(), 0, ckpt.string());
+    world().barrier();
+    c.checkpoint.init_from = (ckpt / "step_000000" / "model.safetensors").string();
+  }
+  // A row that throws (a setting refused) fails here and the next row runs:
+  // every rank still meets the others at the barrier below.
+  try {
+    if (ranks) run_row(row, c, *ranks);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << row.name << ": " << e.what();
+  }
+  world().barrier();
+}
+
+INSTANTIATE_TEST_SUITE_P(Rows, LayoutMatrix, ::testing::ValuesIn(kRows),
+                         [](const ::testing::TestParamInfo<Row>& info) { return row_name(info.param.name); });
+
+}  // namespace
