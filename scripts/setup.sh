@@ -21,8 +21,10 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 
+# python3-torch (PyTorch 1.13, CPU; large) is the independent reference the
+# tests hold lattice to: tools/torch_train_reference.py, the checkpoint check.
 packages=(build-essential cmake pkg-config libgtest-dev libgmock-dev libbenchmark-dev
-          libopenmpi-dev openmpi-bin libdnnl-dev libtomlplusplus-dev)
+          libopenmpi-dev openmpi-bin libdnnl-dev libtomlplusplus-dev python3-torch)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
