@@ -467,6 +467,27 @@ TEST(PipelineTrainer, DiskOffloadOverPipelinesIsBitIdentical) {
   }
 }
 
+// The step's data-parallel communication figures (the step line's comm
+// column, the metrics' comm_* fields) are those of the one engine under
+// pipelines too: the bytes this rank sent and the time the collectives ran.
+TEST(PipelineTrainer, CommunicationFiguresAreFilledUnderPipelines) {
+  if (world().size() < 4) GTEST_SKIP() << "dp2 x pp2 needs 4 ranks";
+  io::RunConfig c = pp_layout(2, "1f1b");
+  c.parallel.dp = 2;
+  c.train.grad_accum_steps = 1;
+  c.train.global_batch_size = 8;
+  train::TrainerOptions o;
+  o.print = false;
+  o.ranks = &groups_of(4);
+  train::Trainer t(c, o);
+  t.train_step();
+  const train::StepStats s = t.train_step();
+  EXPECT_GT(s.comm_bytes, 0u) << "gradients were reduced over the replicas";
+  EXPECT_GT(s.comm_ms, 0.0);
+  EXPECT_GE(s.comm_exposed_ms, 0.0);
+  EXPECT_LE(s.comm_exposed_ms, s.step_ms);
+}
+
 // A model whose tied embedding is most of it (vocabulary 4096 x 32 against
 // four blocks of 12·32²), so that holding it whole shows in the peaks.
 io::RunConfig embedding_heavy(int zero) {
