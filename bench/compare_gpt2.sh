@@ -36,6 +36,16 @@
 # from OpenBLAS's: 1.3-1.6x slower at 2 threads), and reports the threads that
 # really ran (CPU time / wall time) — see its docstring.
 #
+# Where PyTorch's step goes: under each row, the PyTorch run's time in GEMMs (mm,
+# addmm, bmm, matmul: self time in one profiled step after the timed ones) and
+# elsewhere, the non-GEMM ops that took most, and its page faults per step. The
+# same PyTorch on the same CPU model has run 2.6x slower than its healthy speed
+# (82.1 against 214.5 tok/s at GPT-2 124M, T=256, one thread), nearly all of it
+# outside the GEMMs; a run whose non-GEMM share is above its config's limit in
+# bench/rows.py (PYTORCH_NON_GEMM_LIMITS: 50% at GPT-2 124M, B=4, T=256, one
+# thread, where a healthy run spends ~30%) gets a "!" beside its ratio and a line
+# saying that ratio is not a fair comparison.
+#
 # lattice side: $LATTICE_BIN (default build/lattice) bench train --set ... --json,
 # which prints one JSON line {"impl":"lattice","tokens_per_sec","step_ms","model_flops_per_sec",...}.
 # Both count model FLOPs per token as 6*N + 12*L*C*T (N = all parameters but
@@ -206,6 +216,7 @@ fi
 import json, os, sys
 sys.path.insert(0, "bench")
 import torch_blas
+from rows import pytorch_breakdown, pytorch_unfair_line
 
 path, steps, warmup, repeat, peak_note, peak_env = sys.argv[1:7]
 repeat = int(repeat)
@@ -269,8 +280,9 @@ for n, d in sorted(setup.items()):
           f"GEMM GFLOP/s {rates}), {d.get('blas_library')}")
 print(f"steps={steps} warmup={warmup} repeat={repeat}" + (" (best run of each side; range over runs)" if repeat > 1 else "") +
       "; model FLOPs/token = 6N + 12*L*C*T; pt core / pt thr = the PyTorch run's OpenBLAS core type and the threads "
-      "it observed (CPU time / wall time)")
-hdr = (f"{'config':<20} {'thr':>3} {'lattice tok/s':>13} {'pytorch tok/s':>13} {'ratio':>6} "
+      "it observed (CPU time / wall time); under each row, where PyTorch's step went (one profiled step); "
+      "! = PyTorch's non-GEMM share above its limit (bench/rows.py): not a fair ratio")
+hdr = (f"{'config':<20} {'thr':>3} {'lattice tok/s':>13} {'pytorch tok/s':>13} {'ratio':>7} "
        f"{'lattice GFLOP/s':>15} {'% peak':>6} {'pytorch GFLOP/s':>15} {'% peak':>6} {'pt core':>10} {'pt thr':>6}")
 print(hdr)
 print("-" * len(hdr))
@@ -284,11 +296,17 @@ for key in order:
     pf = pt.get("model_flops_per_sec") if ptt else None
     pct = lambda f: 100 * f / peak_n if f and peak_n else None
     core = (pt or {}).get("openblas_coretype") or "n/a"
-    print(f"{row:<20} {n:>3} {fmt(lt, '13.1f')} {fmt(ptt, '13.1f')} {fmt(ratio, '6.2f')} "
+    unfair = pytorch_unfair_line(pt, ratio)
+    print(f"{row:<20} {n:>3} {fmt(lt, '13.1f')} {fmt(ptt, '13.1f')} {fmt(ratio, '6.2f')}{'!' if unfair else ' '} "
           f"{fmt(lf / 1e9 if lf else None, '15.1f')} {fmt(pct(lf), '6.1f')} "
           f"{fmt(pf / 1e9 if pf else None, '15.1f')} {fmt(pct(pf), '6.1f')} "
           f"{core:>10} {fmt((pt or {}).get('threads_observed'), '6.2f')}")
     if repeat > 1:
         rng = lambda r: f"{r[0]:.1f}-{r[1]:.1f}" if r else "n/a"
         print(f"{'':<20} {'':>3} tok/s ranges: lattice {rng(lat_range)}, pytorch {rng(pt_range)}")
+    breakdown = pytorch_breakdown(pt)
+    if breakdown:
+        print(f"{'':<20} {'':>3} pytorch step: {breakdown}")
+    if unfair:
+        print(f"{'':<20} {'':>3} {unfair}")
 EOF

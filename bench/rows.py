@@ -31,3 +31,60 @@ class Rows:
 
     def best(self, row):
         return self.best_and_range(row)[0]
+
+
+# Where a PyTorch step went (bench/torch_gpt2_bench.py's profiled step: gemm_ms, other_ms,
+# gemm_share, other_top) and whether the run is a fair reference.
+#
+# The same PyTorch on the same CPU model has run GPT-2 124M (B=4, T=256, one thread) at
+# 214.5 tok/s (docs/performance.md, 2026-12-01) and at 82.1 tok/s (issue 19), 2.6x
+# slower: the slow run's profile spent 4.95 s in mm and ~8 s elsewhere (log-softmax and
+# its backward 2.4 s, copy_ 1.6 s, fill_ 1.3 s, GELU 0.7 s), 62% of its step outside the
+# GEMMs. The healthy run's share is ~30% at most: its 4774 ms step holds ~788 GFLOP of
+# GEMMs (the linear layers' 759, attention's 29), 3380 ms at the 233 GFLOP/s OpenBLAS's
+# SkylakeX core reached in its one-thread calibration, leaving <= 1390 ms (29%). A run
+# whose non-GEMM share is above LIMIT is flagged, and no ratio against it is fair.
+# Keys: (n_layer, n_embd, seq, batch, threads, compute) of the PyTorch run; values:
+# (healthy non-GEMM share, LIMIT). Configs without an entry print their breakdown only;
+# add one when a quiet run has measured the healthy share there.
+PYTORCH_NON_GEMM_LIMITS = {
+    (12, 768, 256, 4, 1, "f32"): (0.30, 0.50),
+}
+
+
+def _non_gemm_limit(d):
+    key = tuple(d.get(k) for k in ("n_layer", "n_embd", "seq", "batch", "threads", "compute"))
+    return PYTORCH_NON_GEMM_LIMITS.get(key)
+
+
+def pytorch_breakdown(d, top=4):
+    """'GEMM 3380 ms (71%), other 1390 ms (29%) [log_softmax_backward 300, ...]' of a PyTorch run, or None."""
+    if not d or d.get("failed") or d.get("gemm_ms") is None:
+        return None
+    share = d["gemm_share"]
+    tops = ", ".join(f"{name.replace('aten::', '')} {ms:.0f}" for name, ms in (d.get("other_top") or [])[:top])
+    faults = d.get("minor_faults_per_step")
+    return (f"GEMM {d['gemm_ms']:.0f} ms ({100 * share:.0f}%), other {d['other_ms']:.0f} ms ({100 * (1 - share):.0f}%)"
+            + (f" [top: {tops}]" if tops else "")
+            + (f"; {faults / 1e3:.0f}K page faults/step" if faults is not None else ""))
+
+
+def pytorch_unfair(d):
+    """(non-GEMM share, healthy share, limit) when a PyTorch run's non-GEMM share is above its
+    config's limit (PYTORCH_NON_GEMM_LIMITS), else None."""
+    if not d or d.get("failed") or d.get("gemm_share") is None:
+        return None
+    limit = _non_gemm_limit(d)
+    share = 1 - d["gemm_share"]
+    return (share, limit[0], limit[1]) if limit and share > limit[1] else None
+
+
+def pytorch_unfair_line(d, ratio=None):
+    """The warning line for an unfair PyTorch run (pytorch_unfair), or None."""
+    u = pytorch_unfair(d)
+    if not u:
+        return None
+    share, healthy, limit = u
+    return (f"! PyTorch spent {100 * share:.0f}% of its step outside the GEMMs, above the {100 * limit:.0f}% limit for "
+            f"this config (a healthy run: ~{100 * healthy:.0f}%; bench/rows.py): a slow reference, so the ratio"
+            + (f" {ratio:.2f}" if ratio else "") + " against this run is not a fair comparison")

@@ -65,6 +65,27 @@ on the machine, or a thread count that did not take). OpenBLAS's pthreads spin
 a little while waiting for work, so the figure is an upper bound on useful
 parallelism, not a lower one.
 
+Where the step goes: after the timed steps, one more step runs under
+torch's autograd profiler (the legacy one: Debian's torch has no kineto;
+--profile-step off skips it). "gemm_ms" is the self CPU time of the GEMM ops
+in it (GEMM_OPS: mm, addmm, bmm, baddbmm, addbmm, matmul, linear, mv, addmv,
+dot; self time, so matmul's and linear's children are not counted twice, and
+an op's wall time on the calling thread while OpenBLAS's threads work),
+"other_ms" the rest of that step's wall time (every other op, Python, and the
+profiler's own cost per op, small beside a step of seconds), "gemm_share" =
+gemm_ms / "profile_step_ms", and "other_top" the non-GEMM ops with the most
+self time ([name, ms] pairs). bench/compare_gpt2.sh prints them beside the
+PyTorch row and flags a run whose non-GEMM share is far above a healthy one's.
+"minor_faults_per_step" is the process's minor page faults per timed step
+(getrusage): PyTorch's CPU allocator gives every tensor above glibc's mmap
+threshold (32 MiB at most) fresh pages each step, so a step at V = 50257
+touches the logits and their gradients (206 MB each at B*T = 1024) for the
+first time every step, and what a page fault costs is up to the VM's host.
+GLIBC_TUNABLES=glibc.malloc.hugetlb=1 in the environment (glibc >= 2.35) puts
+those mappings on transparent huge pages (the kernel's THP mode "madvise" is
+enough) and takes one fault per 2 MiB instead of per 4 KiB; the JSON line
+records "glibc_tunables".
+
 The JSON line also has "openblas_coretype" (the core used),
 "openblas_coretype_gflops" (each candidate's GEMM GFLOP/s when it was chosen),
 "openblas_coretype_source" (calibrated, cache or forced), "blas_library" (the
@@ -93,6 +114,9 @@ def parse_args():
     ap.add_argument("--autocast", choices=["off", "bf16"], default="off",
                     help="run the forward and the loss under torch.autocast('cpu', dtype=torch.bfloat16) (mixed "
                          "precision: fp32 weights and optimizer, bf16 matmuls; bench/compare_precision.sh)")
+    ap.add_argument("--profile-step", choices=["on", "off"], default="on",
+                    help="run one more step after the timed ones under torch's profiler and report its GEMM and "
+                         "non-GEMM time (gemm_ms, other_ms, gemm_share, other_top); default on")
     args = ap.parse_args()
     torch_blas.check_step_benchmark_args(ap, args)
     return args
@@ -106,6 +130,31 @@ def l2_bytes():
         return int(s.rstrip("KM")) * mult
     except (OSError, ValueError):
         return None
+
+
+# The ops that run a matrix product (BLAS); their self CPU time is the step's GEMM time.
+GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::matmul",
+                      "aten::linear", "aten::mv", "aten::addmv", "aten::dot"})
+
+
+def minor_faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def profile_step(torch, step, top=6):
+    """Runs step() once under the autograd profiler: where its wall time went (the docstring's fields)."""
+    with torch.autograd.profiler.profile() as prof:
+        t0 = time.perf_counter()
+        step()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    self_ms = {}
+    for e in prof.function_events:  # self time: each microsecond counted in one op only
+        self_ms[e.name] = self_ms.get(e.name, 0.0) + e.self_cpu_time_total / 1e3
+    gemm_ms = sum(ms for name, ms in self_ms.items() if name in GEMM_OPS)
+    others = sorted(((name, ms) for name, ms in self_ms.items() if name not in GEMM_OPS), key=lambda kv: -kv[1])
+    return {"profile_step_ms": wall_ms, "gemm_ms": gemm_ms, "other_ms": wall_ms - gemm_ms,
+            "gemm_share": gemm_ms / wall_ms,
+            "other_top": [[name, round(ms, 1)] for name, ms in others[:top]]}
 
 
 def fail(msg):
@@ -174,12 +223,7 @@ def main():
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g)
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
-    times, losses = [], []
-    cpu0 = wall0 = None
-    for i in range(args.warmup + args.steps):
-        if i == args.warmup:  # process CPU time = user + sys of all threads (ns resolution, unlike os.times)
-            cpu0, wall0 = time.process_time(), time.perf_counter()
-        t0 = time.perf_counter()
+    def train_step():
         opt.zero_grad(set_to_none=True)
         if args.autocast == "bf16":
             with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -188,11 +232,23 @@ def main():
             loss = ref.forward_loss(model, x, y)
         loss.backward()
         opt.step()
+        return loss
+
+    times, losses = [], []
+    cpu0 = wall0 = faults0 = None
+    for i in range(args.warmup + args.steps):
+        if i == args.warmup:  # process CPU time = user + sys of all threads (ns resolution, unlike os.times)
+            cpu0, wall0, faults0 = time.process_time(), time.perf_counter(), minor_faults()
+        t0 = time.perf_counter()
+        loss = train_step()
         dt = time.perf_counter() - t0
         losses.append(loss.item())
         if i >= args.warmup:
             times.append(dt)
     threads_observed = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+    faults_per_step = (minor_faults() - faults0) / args.steps
+    # One more step, untimed, under the profiler (its cost per op would otherwise enter step_ms).
+    breakdown = profile_step(torch, train_step) if args.profile_step == "on" else {}
     if threads_observed < 0.75 * args.threads:
         print(f"torch_gpt2_bench.py: warning: asked for {args.threads} threads, {threads_observed:.2f} ran on "
               "average during the timed steps (CPU time / wall time): other load on the machine, or steps too "
@@ -221,6 +277,9 @@ def main():
         "adamw_foreach": args.foreach == "on",
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "threads_observed": threads_observed,
+        "minor_faults_per_step": faults_per_step,
+        **breakdown,
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
         "cpu": setup["cpu"],
         "openblas_coretype": setup["openblas_coretype"],
         "openblas_coretype_gflops": setup["openblas_coretype_gflops"],
