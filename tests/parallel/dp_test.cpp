@@ -178,7 +178,11 @@ TEST(DataParallel, EpochBoundariesAreLayoutIndependent) {
 TEST(DataParallel, EvaluationIsLayoutIndependent) {
   const fs::path dir = shared_dir("eval");
   write_shard(dir / "val_000.bin", 100 * 16 + 1, 11);
+  // Shards for training too: without data.train both are synthetic tokens and
+  // data.val does not apply (it is refused).
+  write_shard(dir / "train_000.bin", 40 * 16 + 1, 7);
   auto evaluate = [&](io::RunConfig c, comm::Communicator& ranks) {
+    c.data.train = (dir / "train_*.bin").string();
     c.data.val = (dir / "val_*.bin").string();
     c.train.eval_steps = 3;
     train::TrainerOptions o;
