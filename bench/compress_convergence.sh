@@ -72,7 +72,8 @@ for row in "${ROWS[@]}"; do
     [[ $keep == 1 ]] || continue
   fi
   sets=(-c configs/demo.toml --set train.micro_batch_size=8 --set train.steps="$STEPS" --set train.eval_every="$EVAL"
-        --set train.threads=1 --set parallel.dp="$RANKS" --set checkpoint.dir= --set log.every=50
+        --set train.threads=1 --set parallel.dp="$RANKS" --set log.every=50
+        --set checkpoint.dir= --set checkpoint.every=0 --set checkpoint.keep=3
         --set log.metrics_file="$work/$name.jsonl" --set compression.grad="$codec" --set precision.compute="$compute")
   [[ $codec == none ]] || sets+=(--set compression.error_feedback="$ef")
   for ((i = 0; i < ${#EXTRA[@]}; i += 2)); do

@@ -125,7 +125,8 @@ lattice_row() {  # DP CODEC
   fi
   local sets=(-c configs/demo.toml --set train.micro_batch_size=8 --set train.steps="$STEPS"
               --set train.eval_every="$STEPS" --set train.eval_steps=8 --set train.threads=1
-              --set parallel.dp="$dp" --set checkpoint.dir= --set checkpoint.init_from="$work/init.safetensors"
+              --set parallel.dp="$dp" --set checkpoint.init_from="$work/init.safetensors"
+              --set checkpoint.dir= --set checkpoint.every=0 --set checkpoint.keep=3
               --set log.every=10 --set log.metrics_file="$jsonl" --set compression.grad="$codec")
   [[ $codec == none ]] || sets+=(--set compression.error_feedback=true)
   [[ $codec == powersgd ]] && sets+=(--set compression.rank=4 --set compression.warmup_steps=2)

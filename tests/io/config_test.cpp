@@ -1,5 +1,7 @@
 #include "lattice/io/config.h"
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include "test_util.h"
@@ -206,6 +208,203 @@ TEST(Config, CrossKeyChecks) {
   EXPECT_ERROR_CONTAINS(parse("", {"optim.min_lr=0.001"}), "optim.min_lr=0.001 must be <= optim.lr=0.0006");
   // A later override can repair what an earlier value broke: checks run after all of them.
   EXPECT_NO_THROW(parse("[model]\nn_embd = 100\n", {"model.n_head=10"}));
+}
+
+// Every key that applies only under another setting (io::conditional_keys(),
+// the checker's own table): set alone where its condition does not hold, it is
+// refused with one line naming it; with the condition met it is accepted. A row
+// of the table without a case here fails the test.
+struct ConditionalCase {
+  std::string key, when;
+  std::string value;                // set as key=value
+  std::vector<std::string> context;  // other overrides, under which `when` does not hold
+  std::vector<std::string> enable;   // added after: `when` holds
+  std::string message;               // the whole refusal
+};
+
+const std::vector<ConditionalCase>& conditional_cases() {
+  static const std::vector<ConditionalCase> cases = {
+      {"parallel.sequence_parallel", "parallel.tp > 1", "true", {}, {"parallel.tp=2"},
+       "parallel.sequence_parallel=true needs parallel.tp > 1: it splits the sequence over the tensor-parallel "
+       "group (parallel.tp=1)"},
+      {"parallel.schedule", "parallel.pp > 1 or parallel.schedule = \"zb-h1\"", "gpipe", {}, {"parallel.pp=2"},
+       "parallel.schedule=\"gpipe\" applies to pipeline parallelism: set parallel.pp > 1, or leave it at \"1f1b\" "
+       "(\"zb-h1\" at pp = 1 runs the split backward)"},
+      {"parallel.virtual_stages", "parallel.pp > 1", "2", {}, {"parallel.pp=2", "parallel.schedule=interleaved"},
+       "parallel.virtual_stages=2 applies to pipeline parallelism: set parallel.pp > 1, or leave it at 1"},
+      {"parallel.partition", "parallel.pp > 1", "1,1", {}, {"parallel.pp=2"},
+       "parallel.partition=\"1,1\" applies to pipeline parallelism: set parallel.pp > 1, or leave it empty"},
+      {"parallel.virtual_stages", "parallel.schedule is not csv:FILE", "2", {"parallel.pp=2", "parallel.schedule=csv:s.csv"},
+       {"parallel.schedule=interleaved"},
+       "parallel.virtual_stages=2 applies only when parallel.schedule is not csv:FILE: parallel.schedule=\"csv:s.csv\" "
+       "gives each rank's chunks itself; leave parallel.virtual_stages at 1"},
+      {"zero.offload_dir", "zero.offload = \"disk\"", "/tmp/off", {}, {"zero.offload=disk"},
+       "zero.offload_dir=\"/tmp/off\" applies only when zero.offload = \"disk\": zero.offload is \"none\"; set "
+       "zero.offload=\"disk\", or leave zero.offload_dir empty"},
+      {"zero.offload_window_mb", "zero.offload = \"disk\"", "8", {}, {"zero.offload=disk", "zero.offload_dir=/tmp/off"},
+       "zero.offload_window_mb=8.0 applies only when zero.offload = \"disk\": zero.offload is \"none\"; set "
+       "zero.offload=\"disk\", or leave zero.offload_window_mb at 64.0"},
+      {"train.eval_every", "data.val is set or data.train is empty", "5", {"data.train=a.bin"}, {"data.val=v.bin"},
+       "train.eval_every=5 applies only when data.val is set or data.train is empty: data.train=\"a.bin\" has no "
+       "data.val; set data.val, or leave train.eval_every at 0"},
+      {"train.eval_steps", "data.val is set or data.train is empty", "3", {"data.train=a.bin"}, {"data.val=v.bin"},
+       "train.eval_steps=3 applies only when data.val is set or data.train is empty: data.train=\"a.bin\" has no "
+       "data.val; set data.val, or leave train.eval_steps at 10"},
+      {"precision.loss_scale", "precision.compute = \"f16\"", "1024", {}, {"precision.compute=f16"},
+       "precision.loss_scale=1024.0: precision.loss_scale* apply to precision.compute=\"f16\" (it is \"f32\"): f32 "
+       "needs no loss scale"},
+      {"precision.loss_scale_init", "precision.compute = \"f16\"", "1024", {"precision.compute=bf16"},
+       {"precision.compute=f16"},
+       "precision.loss_scale_init=1024.0: precision.loss_scale* apply to precision.compute=\"f16\" (it is \"bf16\"): "
+       "bf16 has f32's exponent range and needs no loss scale"},
+      {"precision.loss_scale_window", "precision.compute = \"f16\"", "10", {}, {"precision.compute=f16"},
+       "precision.loss_scale_window=10: precision.loss_scale* apply to precision.compute=\"f16\" (it is \"f32\"): "
+       "f32 needs no loss scale"},
+      {"precision.loss_scale_backoff", "precision.compute = \"f16\"", "0.25", {}, {"precision.compute=f16"},
+       "precision.loss_scale_backoff=0.25: precision.loss_scale* apply to precision.compute=\"f16\" (it is \"f32\"): "
+       "f32 needs no loss scale"},
+      {"precision.loss_scale_growth", "precision.compute = \"f16\"", "4", {}, {"precision.compute=f16"},
+       "precision.loss_scale_growth=4.0: precision.loss_scale* apply to precision.compute=\"f16\" (it is \"f32\"): "
+       "f32 needs no loss scale"},
+      {"precision.loss_scale_min", "precision.compute = \"f16\"", "2", {}, {"precision.compute=f16"},
+       "precision.loss_scale_min=2.0: precision.loss_scale* apply to precision.compute=\"f16\" (it is \"f32\"): "
+       "f32 needs no loss scale"},
+      {"precision.loss_scale_init", "precision.loss_scale = \"dynamic\"", "1024",
+       {"precision.compute=f16", "precision.loss_scale=64"}, {"precision.loss_scale=dynamic"},
+       "precision.loss_scale_init=1024.0: precision.loss_scale=64.0 is a static scale: the "
+       "loss_scale_init/window/backoff/growth/min keys apply to loss_scale=\"dynamic\""},
+      {"precision.loss_scale_window", "precision.loss_scale = \"dynamic\"", "10",
+       {"precision.compute=f16", "precision.loss_scale=64"}, {"precision.loss_scale=dynamic"},
+       "precision.loss_scale_window=10: precision.loss_scale=64.0 is a static scale: the "
+       "loss_scale_init/window/backoff/growth/min keys apply to loss_scale=\"dynamic\""},
+      {"precision.loss_scale_backoff", "precision.loss_scale = \"dynamic\"", "0.25",
+       {"precision.compute=f16", "precision.loss_scale=64"}, {"precision.loss_scale=dynamic"},
+       "precision.loss_scale_backoff=0.25: precision.loss_scale=64.0 is a static scale: the "
+       "loss_scale_init/window/backoff/growth/min keys apply to loss_scale=\"dynamic\""},
+      {"precision.loss_scale_growth", "precision.loss_scale = \"dynamic\"", "4",
+       {"precision.compute=f16", "precision.loss_scale=64"}, {"precision.loss_scale=dynamic"},
+       "precision.loss_scale_growth=4.0: precision.loss_scale=64.0 is a static scale: the "
+       "loss_scale_init/window/backoff/growth/min keys apply to loss_scale=\"dynamic\""},
+      {"precision.loss_scale_min", "precision.loss_scale = \"dynamic\"", "2",
+       {"precision.compute=f16", "precision.loss_scale=64"}, {"precision.loss_scale=dynamic"},
+       "precision.loss_scale_min=2.0: precision.loss_scale=64.0 is a static scale: the "
+       "loss_scale_init/window/backoff/growth/min keys apply to loss_scale=\"dynamic\""},
+      {"compression.topk_ratio", "compression.grad = \"topk\"", "0.5", {}, {"compression.grad=topk"},
+       "compression.topk_ratio applies to compression.grad=\"topk\" (it is \"none\")"},
+      {"compression.rank", "compression.grad = \"powersgd\"", "8", {"compression.grad=int8"},
+       {"compression.grad=powersgd"}, "compression.rank applies to compression.grad=\"powersgd\" (it is \"int8\")"},
+      {"compression.error_feedback", "compression.grad is not \"none\"", "false", {}, {"compression.grad=int8"},
+       "compression.error_feedback and compression.warmup_steps apply to a compression.grad codec (it is \"none\")"},
+      {"compression.warmup_steps", "compression.grad is not \"none\"", "5", {}, {"compression.grad=onebit"},
+       "compression.error_feedback and compression.warmup_steps apply to a compression.grad codec (it is \"none\")"},
+      {"data.val", "data.train is set", "v.bin", {}, {"data.train=a.bin"},
+       "data.val=\"v.bin\" applies only when data.train is set: with data.train empty, training and validation both "
+       "use synthetic tokens; set data.train, or leave data.val empty"},
+      {"checkpoint.every", "checkpoint.dir is set", "10", {}, {"checkpoint.dir=runs/x"},
+       "checkpoint.every=10 applies only when checkpoint.dir is set: checkpoint.dir is empty, so no checkpoint is "
+       "written; set checkpoint.dir, or leave checkpoint.every at 0"},
+      {"checkpoint.keep", "checkpoint.dir is set", "0", {}, {"checkpoint.dir=runs/x"},
+       "checkpoint.keep=0 applies only when checkpoint.dir is set: checkpoint.dir is empty, so no checkpoint is "
+       "written; set checkpoint.dir, or leave checkpoint.keep at 3"},
+      {"log.trace_file", "parallel.pp > 1", "t.json", {}, {"parallel.pp=2"},
+       "log.trace_file=\"t.json\" records the pipeline's timeline: it needs parallel.pp > 1"},
+  };
+  return cases;
+}
+
+std::vector<std::string> joined(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::string item_of(const RunConfig& c, const std::string& key) {
+  for (const auto& [k, v] : config_items(c))
+    if (k == key) return v;
+  ADD_FAILURE() << key << " is not a key";
+  return "";
+}
+
+TEST(Config, EveryConditionalKeyIsRefusedWhereItDoesNotApplyAndAcceptedWhereItDoes) {
+  for (const ConditionalCase& t : conditional_cases()) {
+    SCOPED_TRACE(t.key + " (applies only when " + t.when + ")");
+    const std::string set = t.key + "=" + t.value;
+    ASSERT_NO_THROW(parse("", t.context));  // the context alone is valid: the refusal is the key's
+    const std::string msg = testing::error_of([&] { parse("", joined(t.context, {set})); });
+    EXPECT_EQ(msg, t.message);
+    EXPECT_NE(msg.find(t.key), std::string::npos) << msg;
+    // The same through validate_config, for configs built in code.
+    RunConfig built;
+    for (const std::string& o : joined(t.context, {set})) apply_override(built, o);
+    EXPECT_EQ(testing::error_of([&] { validate_config(built); }), t.message);
+    // With its condition met, the key is accepted and keeps its value.
+    RunConfig ok;
+    EXPECT_NO_THROW(ok = parse("", joined(joined(t.context, {set}), t.enable)));
+    EXPECT_NE(item_of(ok, t.key), item_of(RunConfig(), t.key));
+  }
+  // Without data.train, training and evaluation run on synthetic tokens: the
+  // evaluation keys apply.
+  EXPECT_NO_THROW(parse("", {"train.eval_every=5", "train.eval_steps=3"}));
+}
+
+TEST(Config, EveryRowOfTheConditionalTableHasACaseHelpAndDocs) {
+  std::vector<std::pair<std::string, std::string>> table, tested;
+  for (const ConditionalKey& k : conditional_keys()) table.emplace_back(k.key, k.when);
+  for (const ConditionalCase& t : conditional_cases()) tested.emplace_back(t.key, t.when);
+  std::sort(table.begin(), table.end());
+  std::sort(tested.begin(), tested.end());
+  EXPECT_EQ(tested, table);
+  const std::string help = config_help();
+  const std::string docs = testing::read_text(std::string(LATTICE_SOURCE_DIR) + "/docs/config.md");
+  for (const ConditionalKey& k : conditional_keys()) {
+    const size_t dot = k.key.find('.');
+    const size_t section = help.find("\n[" + k.key.substr(0, dot) + "]\n");
+    ASSERT_NE(section, std::string::npos) << k.key;
+    const size_t line = help.find("\n  " + k.key.substr(dot + 1) + " = ", section);
+    ASSERT_NE(line, std::string::npos) << k.key;
+    const std::string text = help.substr(line + 1, help.find('\n', line + 1) - line - 1);
+    EXPECT_NE(text.find("applies only when"), std::string::npos) << text;
+    EXPECT_NE(text.find(k.when), std::string::npos) << text;
+    EXPECT_NE(docs.find("| `" + k.key + "` | " + k.when + " |"), std::string::npos)
+        << "docs/config.md does not list " << k.key << " | " << k.when;
+  }
+}
+
+// Context and expert parallelism are refused as not implemented at any rank
+// count, by check_landed (which the trainer runs before it builds the mesh),
+// and --help-config says so.
+TEST(Config, UnlandedFeaturesAreRefusedNamingTheKey) {
+  EXPECT_NO_THROW(check_landed(RunConfig()));
+  RunConfig c;
+  c.parallel.cp = 2;
+  EXPECT_EQ(testing::error_of([&] { check_landed(c); }),
+            "parallel.cp=2: context parallelism is not implemented yet; set parallel.cp=1");
+  c = RunConfig();
+  c.parallel.ep = 4;
+  EXPECT_EQ(testing::error_of([&] { check_landed(c); }),
+            "parallel.ep=4: expert parallelism is not implemented yet; set parallel.ep=1");
+  c = RunConfig();
+  c.parallel.microbatches = 4;
+  EXPECT_NE(testing::error_of([&] { check_landed(c); }).find("parallel.microbatches=4: "), std::string::npos);
+  const std::string help = config_help();
+  for (const char* name : {"cp", "ep"}) {
+    const size_t line = help.find(std::string("\n  ") + name + " = ");
+    ASSERT_NE(line, std::string::npos) << name;
+    EXPECT_NE(help.substr(line, help.find('\n', line + 1) - line).find("(not implemented yet: only the default is accepted)"),
+              std::string::npos)
+        << name;
+  }
+  const size_t dp = help.find("\n  dp = ");
+  EXPECT_EQ(help.substr(dp, help.find('\n', dp + 1) - dp).find("not implemented"), std::string::npos);
+}
+
+// The shipped configs load, and with the overrides the docs show.
+TEST(Config, ShippedConfigsTakeTheDocumentedOverrides) {
+  const std::string dir = std::string(LATTICE_SOURCE_DIR) + "/configs/";
+  EXPECT_NO_THROW(load_config(dir + "demo.toml", {}));
+  // docs/config.md: lattice train -c configs/tiny.toml ... --set data.train=data/*.bin
+  EXPECT_NO_THROW(load_config(dir + "tiny.toml", {"train.steps=10", "parallel.tp=2", "data.train=data/*.bin"}));
+  // README: the demo on other shards.
+  EXPECT_NO_THROW(load_config(dir + "demo.toml", {"data.train=data/mine/train_*.bin", "data.val=data/mine/val_*.bin"}));
 }
 
 TEST(Config, TomlSyntaxErrorsNameFileAndLine) {

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -178,7 +179,11 @@ TEST(DataParallel, EpochBoundariesAreLayoutIndependent) {
 TEST(DataParallel, EvaluationIsLayoutIndependent) {
   const fs::path dir = shared_dir("eval");
   write_shard(dir / "val_000.bin", 100 * 16 + 1, 11);
+  // Shards for training too: without data.train both are synthetic tokens and
+  // data.val does not apply (it is refused).
+  write_shard(dir / "train_000.bin", 40 * 16 + 1, 7);
   auto evaluate = [&](io::RunConfig c, comm::Communicator& ranks) {
+    c.data.train = (dir / "train_*.bin").string();
     c.data.val = (dir / "val_*.bin").string();
     c.train.eval_steps = 3;
     train::TrainerOptions o;
@@ -299,9 +304,10 @@ TEST(DataParallel, MemoryPerRankMatchesTheFormulas) {
         shard_psi += static_cast<double>(shard.group(g).shard_numel());
       }
       // Borrowed buffers of stages 2-3: two chunks of the embedding (it is never
-      // whole: sharded_embedding.h), one ln_f, and two blocks of parameters
-      // (one in use, one prefetched) or one of gradients.
-      emb = 2 * static_cast<double>(shard.group(0).chunk_numel());
+      // whole: sharded_embedding.h; one when it is a single chunk), one ln_f,
+      // and two blocks of parameters (one in use, one prefetched) or one of
+      // gradients.
+      emb = static_cast<double>(std::min<int64_t>(shard.group(0).chunks, 2) * shard.group(0).chunk_numel());
       fin = static_cast<double>(groups.back().capacity());
       largest_block = static_cast<double>(groups[1].capacity());
       const double borrowed_params = emb + 2 * largest_block + fin, borrowed_grads = emb + largest_block + fin;

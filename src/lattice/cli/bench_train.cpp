@@ -55,6 +55,9 @@ static int bench_train(const std::vector<std::string>& args) {
   overrides.push_back("data.train=");
   overrides.push_back("data.val=");
   overrides.push_back("checkpoint.dir=");
+  // Keys that go with a checkpoint directory are refused without one (docs/config.md).
+  overrides.push_back("checkpoint.every=0");
+  overrides.push_back("checkpoint.keep=" + std::to_string(io::CheckpointSection().keep));
   overrides.push_back("log.metrics_file=");
   overrides.push_back("train.steps=" + std::to_string(steps + warmup));
   io::RunConfig cfg = io::load_config(config_path, overrides);

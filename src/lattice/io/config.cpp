@@ -118,7 +118,7 @@ const std::vector<Key>& keys() {
             "ZeRO stage: 0 replicated, 1 shards optimizer state, 2 also gradients, 3 also parameters"),
         key<&R::parallel, &ParallelSection::sequence_parallel>(
             "parallel", "sequence_parallel", any(),
-            "keep the LayerNorm and residual activations as sequence slices over the TP group (needs parallel.tp > 1)"),
+            "keep the LayerNorm and residual activations as sequence slices over the TP group"),
         key<&R::parallel, &ParallelSection::schedule>(
             "parallel", "schedule", any(),
             "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1, zb-v, or csv:FILE (PyTorch's compute-only format)"),
@@ -138,7 +138,7 @@ const std::vector<Key>& keys() {
                                              "where a rank's optimizer state (and, at stage 3, its parameter "
                                              "shard) lives: in memory, or in files streamed through a window"),
         key<&R::zero, &ZeroSection::offload_dir>("zero", "offload_dir", any(),
-                                                 "directory of the offload files (zero.offload = disk); must exist"),
+                                                 "directory of the offload files; must exist"),
         key<&R::zero, &ZeroSection::offload_window_mb>("zero", "offload_window_mb", above(0),
                                                        "resident window per rank for offloaded state, MiB"),
 
@@ -155,7 +155,7 @@ const std::vector<Key>& keys() {
         key<&R::train, &TrainSection::seed>("train", "seed", at_least(0),
                                             "seed of parameter init, synthetic data and sampling"),
         key<&R::train, &TrainSection::eval_every>("train", "eval_every", at_least(0),
-                                                  "evaluate on data.val every N steps (0 = never)"),
+                                                  "evaluate on the validation data every N steps (0 = never)"),
         key<&R::train, &TrainSection::eval_steps>("train", "eval_steps", at_least(1), "batches per evaluation"),
         key<&R::train, &TrainSection::threads>("train", "threads", at_least(0),
                                                "CPU threads per process (0 = the node's cores shared among its ranks)"),
@@ -178,7 +178,7 @@ const std::vector<Key>& keys() {
             "compute dtype of weights and activations; master weights and optimizer state stay f32"),
         Key{"precision", "loss_scale", Kind::LossScale,
             &field_of<&R::precision, &PrecisionSection::loss_scale>, above(0),
-            "\"dynamic\" or a fixed positive loss scale (matters for f16)"},
+            "\"dynamic\" or a fixed positive loss scale"},
         key<&R::precision, &PrecisionSection::loss_scale_init>("precision", "loss_scale_init", above(0),
                                                                "initial dynamic loss scale"),
         key<&R::precision, &PrecisionSection::loss_scale_window>(
@@ -212,7 +212,7 @@ const std::vector<Key>& keys() {
         key<&R::checkpoint, &CheckpointSection::dir>("checkpoint", "dir", any(),
                                                      "directory of checkpoints (empty = no checkpoints)"),
         key<&R::checkpoint, &CheckpointSection::every>("checkpoint", "every", at_least(0),
-                                                       "write a checkpoint every N steps (0 = never)"),
+                                                       "write a checkpoint every N steps (0 = only at the end of the run)"),
         key<&R::checkpoint, &CheckpointSection::keep>("checkpoint", "keep", at_least(0),
                                                       "keep the newest N checkpoints (0 = keep all)"),
         key<&R::checkpoint, &CheckpointSection::resume>(
@@ -225,7 +225,7 @@ const std::vector<Key>& keys() {
         key<&R::log, &LogSection::metrics_file>("log", "metrics_file", any(),
                                                 "append one JSON object per step to this file (empty = none)"),
         key<&R::log, &LogSection::trace_file>("log", "trace_file", any(),
-                                              "write the pipeline timeline of the latest step here, Chrome trace JSON (needs parallel.pp > 1; empty = none)"),
+                                              "write the pipeline timeline of the latest step here, Chrome trace JSON (empty = none)"),
     };
     return k;
   }();
@@ -611,11 +611,186 @@ void apply_toml(RunConfig& cfg, const toml::table& root, const std::string& sour
 // starting with '=' is the whole reason (a key that is not a feature).
 const std::vector<std::pair<const char*, const char*>>& pending_keys() {
   static const std::vector<std::pair<const char*, const char*>> pending = {
+      {"parallel.cp", "context parallelism"},
+      {"parallel.ep", "expert parallelism"},
       {"parallel.microbatches",
        "=the micro-batches of a step (the pipeline's too) are train.grad_accum_steps, one knob rather than two: "
        "set train.grad_accum_steps instead and leave parallel.microbatches at 1"},
   };
   return pending;
+}
+
+// ---------------------------------------------------------------- keys of another setting
+
+const Key& key_named(const std::string& full) {
+  const size_t dot = full.find('.');
+  const Key* k = dot == std::string::npos ? nullptr : find_key(full.substr(0, dot), full.substr(dot + 1));
+  LATTICE_CHECK(k != nullptr, "internal: " << full << " is not in the key table");
+  return *k;
+}
+
+// A key as a refusal quotes it: name, current value, default (TOML literals).
+struct Setting {
+  std::string key;
+  std::string value;
+  std::string fallback;
+};
+
+// Keys that apply only under another setting. Where `applies` is false, a key
+// of the row set to anything but its default is refused, naming the key, its
+// value and what would make it apply: no key is accepted and ignored. The
+// common message is
+//   KEY=VALUE applies only when WHEN: REASON; FIX, or leave KEY at DEFAULT
+// rows whose wording predates the table keep it (`message`), since users and
+// tests know it. `when` is also what --help-config and docs/config.md show.
+struct ConditionalRow {
+  std::vector<const char*> keys;
+  const char* when;
+  bool (*applies)(const RunConfig&);
+  std::string (*reason)(const RunConfig&);  // why the keys do nothing in this config
+  const char* fix;                          // what would make them apply; null: nothing to set
+  std::string (*message)(const Setting&, const RunConfig&) = nullptr;
+};
+
+const std::vector<ConditionalRow>& conditional_rows() {
+  static const std::vector<ConditionalRow> rows = {
+      {{"parallel.sequence_parallel"},
+       "parallel.tp > 1",
+       [](const RunConfig& c) { return c.parallel.tp > 1; },
+       nullptr,
+       nullptr,
+       [](const Setting&, const RunConfig& c) {
+         return "parallel.sequence_parallel=true needs parallel.tp > 1: it splits the sequence over the "
+                "tensor-parallel group (parallel.tp=" +
+                std::to_string(c.parallel.tp) + ")";
+       }},
+      // One stage runs 1F1B (F and B per micro-batch, the default) or ZB-H1
+      // (the split backward, I then W): no other schedule means anything there.
+      {{"parallel.schedule"},
+       "parallel.pp > 1 or parallel.schedule = \"zb-h1\"",
+       [](const RunConfig& c) { return c.parallel.pp > 1 || c.parallel.schedule == "zb-h1"; },
+       nullptr,
+       nullptr,
+       [](const Setting& s, const RunConfig&) {
+         return s.key + "=" + s.value + " applies to pipeline parallelism: set parallel.pp > 1, or leave it at " +
+                s.fallback + " (\"zb-h1\" at pp = 1 runs the split backward)";
+       }},
+      {{"parallel.virtual_stages", "parallel.partition"},
+       "parallel.pp > 1",
+       [](const RunConfig& c) { return c.parallel.pp > 1; },
+       nullptr,
+       nullptr,
+       [](const Setting& s, const RunConfig&) {
+         return s.key + "=" + s.value + " applies to pipeline parallelism: set parallel.pp > 1, or leave it " +
+                (s.fallback == "\"\"" ? "empty" : "at " + s.fallback);
+       }},
+      {{"parallel.virtual_stages"},
+       "parallel.schedule is not csv:FILE",
+       [](const RunConfig& c) { return c.parallel.schedule.rfind("csv:", 0) != 0; },
+       [](const RunConfig& c) {
+         return "parallel.schedule=" + toml_quote(c.parallel.schedule) + " gives each rank's chunks itself";
+       },
+       nullptr},
+      {{"zero.offload_dir", "zero.offload_window_mb"},
+       "zero.offload = \"disk\"",
+       [](const RunConfig& c) { return c.zero.offload == "disk"; },
+       [](const RunConfig& c) { return "zero.offload is " + toml_quote(c.zero.offload); },
+       "set zero.offload=\"disk\""},
+      {{"train.eval_every", "train.eval_steps"},
+       "data.val is set or data.train is empty",
+       [](const RunConfig& c) { return c.data.train.empty() || !c.data.val.empty(); },
+       [](const RunConfig& c) { return "data.train=" + toml_quote(c.data.train) + " has no data.val"; },
+       "set data.val"},
+      {{"precision.loss_scale", "precision.loss_scale_init", "precision.loss_scale_window",
+        "precision.loss_scale_backoff", "precision.loss_scale_growth", "precision.loss_scale_min"},
+       "precision.compute = \"f16\"",
+       [](const RunConfig& c) { return c.precision.compute == "f16"; },
+       nullptr,
+       nullptr,
+       [](const Setting& s, const RunConfig& c) {
+         return s.key + "=" + s.value + ": precision.loss_scale* apply to precision.compute=\"f16\" (it is \"" +
+                c.precision.compute + "\"): " +
+                (c.precision.compute == "bf16" ? "bf16 has f32's exponent range and needs no loss scale"
+                                               : "f32 needs no loss scale");
+       }},
+      {{"precision.loss_scale_init", "precision.loss_scale_window", "precision.loss_scale_backoff",
+        "precision.loss_scale_growth", "precision.loss_scale_min"},
+       "precision.loss_scale = \"dynamic\"",
+       [](const RunConfig& c) { return c.precision.dynamic_loss_scale(); },
+       nullptr,
+       nullptr,
+       [](const Setting& s, const RunConfig& c) {
+         return s.key + "=" + s.value + ": precision.loss_scale=" + format_double(c.precision.loss_scale) +
+                " is a static scale: the loss_scale_init/window/backoff/growth/min keys apply to "
+                "loss_scale=\"dynamic\"";
+       }},
+      {{"compression.topk_ratio"},
+       "compression.grad = \"topk\"",
+       [](const RunConfig& c) { return c.compression.grad == "topk"; },
+       nullptr,
+       nullptr,
+       [](const Setting&, const RunConfig& c) {
+         return "compression.topk_ratio applies to compression.grad=\"topk\" (it is \"" + c.compression.grad + "\")";
+       }},
+      {{"compression.rank"},
+       "compression.grad = \"powersgd\"",
+       [](const RunConfig& c) { return c.compression.grad == "powersgd"; },
+       nullptr,
+       nullptr,
+       [](const Setting&, const RunConfig& c) {
+         return "compression.rank applies to compression.grad=\"powersgd\" (it is \"" + c.compression.grad + "\")";
+       }},
+      {{"compression.error_feedback", "compression.warmup_steps"},
+       "compression.grad is not \"none\"",
+       [](const RunConfig& c) { return c.compression.grad != "none"; },
+       nullptr,
+       nullptr,
+       [](const Setting&, const RunConfig&) -> std::string {
+         return "compression.error_feedback and compression.warmup_steps apply to a compression.grad codec "
+                "(it is \"none\")";
+       }},
+      {{"data.val"},
+       "data.train is set",
+       [](const RunConfig& c) { return !c.data.train.empty(); },
+       [](const RunConfig&) -> std::string {
+         return "with data.train empty, training and validation both use synthetic tokens";
+       },
+       "set data.train"},
+      {{"checkpoint.every", "checkpoint.keep"},
+       "checkpoint.dir is set",
+       [](const RunConfig& c) { return !c.checkpoint.dir.empty(); },
+       [](const RunConfig&) -> std::string { return "checkpoint.dir is empty, so no checkpoint is written"; },
+       "set checkpoint.dir"},
+      {{"log.trace_file"},
+       "parallel.pp > 1",
+       [](const RunConfig& c) { return c.parallel.pp > 1; },
+       nullptr,
+       nullptr,
+       [](const Setting& s, const RunConfig&) {
+         return s.key + "=" + s.value + " records the pipeline's timeline: it needs parallel.pp > 1";
+       }},
+  };
+  return rows;
+}
+
+std::string conditional_refusal(const ConditionalRow& row, const Setting& s, const RunConfig& cfg) {
+  if (row.message) return row.message(s, cfg);
+  std::string msg = s.key + "=" + s.value + " applies only when " + row.when + ": " + row.reason(cfg) + "; ";
+  if (row.fix) msg += std::string(row.fix) + ", or ";
+  return msg + "leave " + s.key + (s.fallback == "\"\"" ? " empty" : " at " + s.fallback);
+}
+
+// The one check of the table: the first key set where its row does not apply.
+void check_conditional_keys(const RunConfig& cfg) {
+  static const RunConfig defaults;
+  for (const ConditionalRow& row : conditional_rows()) {
+    if (row.applies(cfg)) continue;
+    for (const char* name : row.keys) {
+      const Key& k = key_named(name);
+      const Setting s{name, value_literal(k, cfg), value_literal(k, defaults)};
+      LATTICE_CHECK(s.value == s.fallback, conditional_refusal(row, s, cfg));
+    }
+  }
 }
 
 void check_cross_keys(const RunConfig& cfg) {
@@ -650,70 +825,23 @@ void check_cross_keys(const RunConfig& cfg) {
                                                            << 4LL * m.n_embd
                                                            << ": tensor parallelism splits the MLP's hidden columns");
   }
-  const ParallelSection& par = cfg.parallel;
   {
-    const std::string& s = par.schedule;
+    const std::string& s = cfg.parallel.schedule;
     LATTICE_CHECK(s == "gpipe" || s == "1f1b" || s == "interleaved" || s == "zb-h1" || s == "zb-v" ||
                       (s.rfind("csv:", 0) == 0 && s.size() > 4),
                   "parallel.schedule=\"" << s << "\" is not a schedule (gpipe, 1f1b, interleaved, zb-h1, zb-v, "
                                                   "or csv:FILE)");
   }
-  if (par.pp == 1) {
-    LATTICE_CHECK(cfg.log.trace_file.empty(), "log.trace_file=\"" << cfg.log.trace_file
-                                                                   << "\" records the pipeline's timeline: it needs "
-                                                                      "parallel.pp > 1");
-    // One stage: 1F1B runs F and B per micro-batch, ZB-H1 the split backward (I then W).
-    LATTICE_CHECK(par.schedule == "1f1b" || par.schedule == "zb-h1",
-                  "parallel.schedule=\"" << par.schedule
-                                         << "\" applies to pipeline parallelism: set parallel.pp > 1, or leave it at "
-                                            "\"1f1b\" (\"zb-h1\" at pp = 1 runs the split backward)");
-    LATTICE_CHECK(par.virtual_stages == 1, "parallel.virtual_stages=" << par.virtual_stages
-                                                                      << " applies to pipeline parallelism: set "
-                                                                         "parallel.pp > 1, or leave it at 1");
-    LATTICE_CHECK(par.partition.empty(), "parallel.partition=\"" << par.partition
-                                                                 << "\" applies to pipeline parallelism: set "
-                                                                    "parallel.pp > 1, or leave it empty");
-  }
-  {
-    const PrecisionSection& pr = cfg.precision;
-    PrecisionSection scaler = pr, defaults;
-    scaler.compute = defaults.compute;
-    LATTICE_CHECK(pr.compute == "f16" || scaler == defaults,
-                  "precision.loss_scale* apply to precision.compute=\"f16\" (it is \"" << pr.compute << "\"): "
-                      << (pr.compute == "bf16" ? "bf16 has f32's exponent range and needs no loss scale"
-                                               : "f32 needs no loss scale"));
-    LATTICE_CHECK(pr.loss_scale_min <= pr.loss_scale_init || !pr.dynamic_loss_scale(),
-                  "precision.loss_scale_min=" << format_double(pr.loss_scale_min)
-                                              << " must be <= precision.loss_scale_init="
-                                              << format_double(pr.loss_scale_init));
-    LATTICE_CHECK(pr.dynamic_loss_scale() || (pr.loss_scale_init == defaults.loss_scale_init &&
-                                              pr.loss_scale_window == defaults.loss_scale_window &&
-                                              pr.loss_scale_backoff == defaults.loss_scale_backoff &&
-                                              pr.loss_scale_growth == defaults.loss_scale_growth &&
-                                              pr.loss_scale_min == defaults.loss_scale_min),
-                  "precision.loss_scale=" << format_double(pr.loss_scale)
-                                          << " is a static scale: the loss_scale_init/window/backoff/growth/min "
-                                             "keys apply to loss_scale=\"dynamic\"");
-  }
-  {
-    const CompressionSection& c = cfg.compression;
-    const CompressionSection defaults;
-    LATTICE_CHECK(c.topk_ratio == defaults.topk_ratio || c.grad == "topk",
-                  "compression.topk_ratio applies to compression.grad=\"topk\" (it is \"" << c.grad << "\")");
-    LATTICE_CHECK(c.rank == defaults.rank || c.grad == "powersgd",
-                  "compression.rank applies to compression.grad=\"powersgd\" (it is \"" << c.grad << "\")");
-    LATTICE_CHECK((c.error_feedback == defaults.error_feedback && c.warmup_steps == defaults.warmup_steps) ||
-                      c.grad != "none",
-                  "compression.error_feedback and compression.warmup_steps apply to a compression.grad codec "
-                  "(it is \"none\")");
-  }
-  if (cfg.parallel.sequence_parallel) {
-    LATTICE_CHECK(tp > 1, "parallel.sequence_parallel=true needs parallel.tp > 1: it splits the sequence over the "
-                          "tensor-parallel group (parallel.tp=" << tp << ")");
+  check_conditional_keys(cfg);
+  const PrecisionSection& pr = cfg.precision;
+  LATTICE_CHECK(pr.loss_scale_min <= pr.loss_scale_init || !pr.dynamic_loss_scale(),
+                "precision.loss_scale_min=" << format_double(pr.loss_scale_min)
+                                            << " must be <= precision.loss_scale_init="
+                                            << format_double(pr.loss_scale_init));
+  if (cfg.parallel.sequence_parallel)
     LATTICE_CHECK(m.seq_len % tp == 0, "parallel.sequence_parallel=true needs model.seq_len=" << m.seq_len
                                                                                              << " divisible by parallel.tp="
                                                                                              << tp);
-  }
 }
 
 }  // namespace
@@ -744,19 +872,24 @@ int64_t global_batch_size(const RunConfig& cfg) {
   return static_cast<int64_t>(cfg.parallel.dp) * cfg.train.micro_batch_size * micro_batches_per_step(cfg);
 }
 
+std::vector<ConditionalKey> conditional_keys() {
+  std::vector<ConditionalKey> out;
+  for (const ConditionalRow& row : conditional_rows())
+    for (const char* name : row.keys) out.push_back({name, row.when});
+  return out;
+}
+
 void check_landed(const RunConfig& cfg) {
   const RunConfig defaults;
   for (const auto& [name, what] : pending_keys()) {
     const std::string full = name;
-    const size_t dot = full.find('.');
-    const Key* k = find_key(full.substr(0, dot), full.substr(dot + 1));
-    LATTICE_CHECK(k != nullptr, "internal: pending key " << full << " is not in the key table");
-    const std::string value = value_literal(*k, cfg), fallback = value_literal(*k, defaults);
+    const Key& k = key_named(full);
+    const std::string value = value_literal(k, cfg), fallback = value_literal(k, defaults);
     if (what[0] == '=') {
       LATTICE_CHECK(value == fallback, full << "=" << value << ": " << (what + 1));
     } else {
-      LATTICE_CHECK(value == fallback, full << "=" << value << ": " << what << " is not implemented yet; leave "
-                                            << full << " at its default (" << fallback << ")");
+      LATTICE_CHECK(value == fallback,
+                    full << "=" << value << ": " << what << " is not implemented yet; set " << full << "=" << fallback);
     }
   }
 }
@@ -820,12 +953,17 @@ std::string config_help() {
       std::string lhs = std::string(k.name) + " = " + value_literal(k, defaults);
       char buf[64];
       std::snprintf(buf, sizeof buf, "  %-32s ", lhs.c_str());
+      std::string when;
+      for (const ConditionalRow& row : conditional_rows())
+        for (const char* name : row.keys)
+          if (k.full_name() == name) when += (when.empty() ? " (applies only when " : ", and when ") + std::string(row.when);
+      if (!when.empty()) when += ")";
       const char* pending = "";
       for (const auto& [name, what] : pending_keys())
         if (k.full_name() == name)
           pending = what[0] == '=' ? " (only the default is accepted)"
                                    : " (not implemented yet: only the default is accepted)";
-      os << buf << k.help << pending << " [" << describe(k) << "]\n";
+      os << buf << k.help << when << pending << " [" << describe(k) << "]\n";
     }
   }
   return os.str();

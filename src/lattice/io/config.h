@@ -9,7 +9,8 @@
 // checking each value as it is set; unknown sections or keys, values of the
 // wrong type and values out of range are refused with one line naming the key
 // and what would be valid. Cross-key checks that need only the config
-// (model.n_embd % model.n_head, optim.min_lr <= optim.lr) run last. Checks that
+// (model.n_embd % model.n_head, optim.min_lr <= optim.lr, and every key that
+// applies only under another setting: conditional_keys()) run last. Checks that
 // need the world size (dp*tp*pp*cp == ranks, tp | n_head) belong to the trainer.
 //
 // The structs are plain data with the defaults below, so code and tests can
@@ -167,10 +168,25 @@ int micro_batches_per_step(const RunConfig& cfg);
 // Sequences per optimizer step over all ranks: dp × micro_batch_size × micro_batches_per_step.
 int64_t global_batch_size(const RunConfig& cfg);
 
-// Refuses, naming the key, every setting whose feature has not landed yet
-// (a value other than the key's default for parallel.sequence_parallel,
-// precision.compute, ...): a key is never accepted and ignored.
+// Refuses, naming the key, every setting whose feature has not landed yet (a
+// value other than the key's default for parallel.cp, parallel.ep, ...): a key
+// is never accepted and ignored. "parallel.cp=2: context parallelism is not
+// implemented yet; set parallel.cp=1". The trainer calls it before it builds
+// the process mesh, so the refusal is the same at any number of ranks.
 void check_landed(const RunConfig& cfg);
+
+// A key that applies only under another setting (`when`, in words): set to
+// anything but its default where `when` does not hold, it is refused by the
+// cross-key checks with one line naming it, its value and what would make it
+// apply, e.g. "checkpoint.every=100 applies only when checkpoint.dir is set:
+// ...". One entry per (key, condition), in the order they are checked; a key
+// may have several (parallel.virtual_stages needs pp > 1 and a generated
+// schedule). For --help-config, docs/config.md and tests.
+struct ConditionalKey {
+  std::string key;   // "train.eval_every"
+  std::string when;  // "data.val is set or data.train is empty"
+};
+std::vector<ConditionalKey> conditional_keys();
 
 // Every key as TOML, section by section; parse_config_text(config_to_toml(c)) == c.
 std::string config_to_toml(const RunConfig& cfg);
