@@ -1,9 +1,11 @@
 // Micro-benchmarks of lattice's CPU kernels at GPT-2 124M shapes (N = B·T =
 // 1024 tokens). Every benchmark takes the thread count as its last argument
-// (/threads:1, /threads:2) and reports GFLOP/s or GB/s as counters.
+// (/threads:1, /threads:2) and reports GFLOP/s or GB/s as counters; the
+// gradient codecs (grad_codec/, one thread) report the time a value.
 //
 //   cmake --build build --target bench_kernels && ./build/bench/kernels/bench_kernels
 //   ./build/bench/kernels/bench_kernels --benchmark_filter='gemm/'
+//   ./build/bench/kernels/bench_kernels --benchmark_filter='grad_codec/'
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -18,6 +20,7 @@
 #include "lattice/core/threads.h"
 #include "lattice/kernels/cpu/gemm_internal.h"
 #include "lattice/kernels/ops.h"
+#include "lattice/parallel/compress/gradient_codec.h"
 
 #ifdef LATTICE_BENCH_OPENBLAS
 #include <cblas.h>
@@ -319,6 +322,48 @@ void BM_embedding_backward(benchmark::State& state, int threads) {
   report_bytes(state, 4.0 * B * T * C * 5);  // dout read; dwte rows and dwpe read + written
 }
 
+// ---- Gradient codecs (parallel/compress/gradient_codec.h) ----------------------------
+// One block of 4M gradient values (uniform in ±0.01) through data parallelism's
+// codecs, one thread, as the communication thread runs them:
+//   encode_decoded  encode() with its decoded copy (what error feedback needs)
+//   encode          encode() alone (error feedback off)
+//   decode          decode() of the payload into f32
+// "none" (a copy of the f32 values) is the reference each codec is paid
+// against. time/value: the time of one call / 4M (thread CPU time, as every
+// one-thread benchmark here), printed in ps or ns.
+constexpr int64_t kCodecValues = int64_t{4} << 20;
+
+enum class CodecCall { EncodeDecoded, Encode, Decode };
+const char* codec_call_name(CodecCall c) {
+  return c == CodecCall::EncodeDecoded ? "encode_decoded" : c == CodecCall::Encode ? "encode" : "decode";
+}
+
+void BM_grad_codec(benchmark::State& state, lattice::parallel::GradCodec codec, CodecCall call, int threads) {
+  namespace par = lattice::parallel;
+  set_threads(threads);
+  const int64_t n = kCodecValues;
+  par::CodecSpec spec;
+  spec.codec = codec;  // topk keeps its default ratio (0.01)
+  const auto x = random_vector(n, 0.01f, 16);
+  std::vector<uint32_t> payload(par::payload_bytes(spec, n) / 4);  // whole words, 4-byte aligned
+  std::vector<float> decoded(n);
+  par::encode(spec, x.data(), n, payload.data(), decoded.data());  // warm-up; decode's input
+  for (auto _ : state) {
+    switch (call) {
+      case CodecCall::EncodeDecoded: par::encode(spec, x.data(), n, payload.data(), decoded.data()); break;
+      case CodecCall::Encode: par::encode(spec, x.data(), n, payload.data(), nullptr); break;
+      case CodecCall::Decode: par::decode(spec, payload.data(), n, decoded.data()); break;
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+  // n values per call, as a rate inverted: seconds per value (printed with
+  // its prefix: 650ps is 0.65 ns a value).
+  state.counters["time/value"] = benchmark::Counter(
+      static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.counters["payload/f32"] = static_cast<double>(payload.size()) / static_cast<double>(n);
+}
+
 template <typename... Args>
 void add(const std::string& name, int threads, Args&&... args) {
   timing(with_min_max(benchmark::RegisterBenchmark((name + "/threads:" + std::to_string(threads)).c_str(),
@@ -354,6 +399,17 @@ void register_others() {
     add("sum_squares/124M", threads, BM_sum_squares);
     add("embedding_bwd/B4_T256_C768", threads, BM_embedding_backward);
   }
+  using lattice::parallel::GradCodec;
+  for (GradCodec codec : {GradCodec::None, GradCodec::BF16, GradCodec::F16, GradCodec::Int8, GradCodec::OneBit,
+                          GradCodec::TopK})
+    for (CodecCall call : {CodecCall::EncodeDecoded, CodecCall::Encode, CodecCall::Decode}) {
+      std::string name = "grad_codec/";
+      name += codec_call_name(call);
+      name += "/";
+      name += lattice::parallel::grad_codec_name(codec);
+      name += "/4M";
+      add(name, 1, BM_grad_codec, codec, call);
+    }
 }
 
 }  // namespace
