@@ -490,3 +490,16 @@ TEST(Config, ShippedConfigsLoad) {
 
 }  // namespace
 }  // namespace lattice::io
+
+// A checkpoint's recorded config is read as written: a key a newer rule
+// refuses (here train.eval_steps with shards but no data.val) still loads,
+// while the same text as a run's config is refused naming the key.
+TEST(Config, SavedConfigsAreReadWithoutTheCrossKeyRules) {
+  const std::string text = "[train]\neval_steps = 5\n[data]\ntrain = \"x_*.bin\"\n";
+  EXPECT_ERROR_CONTAINS(lattice::io::parse_config_text(text, "run.toml", {}), "train.eval_steps=5");
+  const lattice::io::RunConfig c = lattice::io::parse_saved_config(text, "meta.json config");
+  EXPECT_EQ(c.train.eval_steps, 5);
+  EXPECT_EQ(c.data.train, "x_*.bin");
+  EXPECT_ERROR_CONTAINS(lattice::io::parse_saved_config("[train]\nno_such_key = 1\n", "meta.json config"),
+                        "no_such_key");
+}

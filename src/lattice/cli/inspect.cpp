@@ -97,7 +97,7 @@ static void inspect_checkpoint(const std::string& path) {
     std::printf("  %s: %s\n", key.c_str(), io::to_json(value).c_str());
   }
   if (const io::JsonValue* cfg = meta.find("config")) {
-    io::RunConfig c = io::parse_config_text(cfg->as_string(), step_dir + "/meta.json config", {});
+    io::RunConfig c = io::parse_saved_config(cfg->as_string(), step_dir + "/meta.json config");
     std::printf("  model: n_layer=%d n_head=%d n_embd=%d vocab_size=%d seq_len=%d\n", c.model.n_layer,
                 c.model.n_head, c.model.n_embd, c.model.vocab_size, c.model.seq_len);
   }

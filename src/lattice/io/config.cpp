@@ -900,8 +900,7 @@ void validate_config(const RunConfig& cfg) {
   check_cross_keys(cfg);
 }
 
-RunConfig parse_config_text(const std::string& toml_text, const std::string& source_name,
-                            const std::vector<std::string>& overrides) {
+RunConfig parse_saved_config(const std::string& toml_text, const std::string& source_name) {
   RunConfig cfg;
   toml::table root;
   try {
@@ -910,6 +909,12 @@ RunConfig parse_config_text(const std::string& toml_text, const std::string& sou
     LATTICE_FAIL("config file '" << source_name << "' line " << e.source().begin.line << ": " << e.description());
   }
   apply_toml(cfg, root, source_name);
+  return cfg;
+}
+
+RunConfig parse_config_text(const std::string& toml_text, const std::string& source_name,
+                            const std::vector<std::string>& overrides) {
+  RunConfig cfg = parse_saved_config(toml_text, source_name);
   for (const std::string& o : overrides) apply_override(cfg, o);
   check_cross_keys(cfg);
   return cfg;

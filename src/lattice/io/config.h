@@ -154,6 +154,11 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
 // Same from TOML text; source_name names it in errors ("config file 'x.toml' line 3: ...").
 RunConfig parse_config_text(const std::string& toml_text, const std::string& source_name,
                             const std::vector<std::string>& overrides);
+// A config recorded by an earlier run (a checkpoint's meta.json): every key
+// and value checked as parse_config_text does, but not the cross-key rules,
+// which a newer lattice may have added since it was written — a checkpoint
+// reads the model and the recipe from it, and is not refused for them.
+RunConfig parse_saved_config(const std::string& toml_text, const std::string& source_name);
 // Applies one "section.key=value" override to cfg (checking the value). Cross-key
 // checks are not run; call validate_config afterwards.
 void apply_override(RunConfig& cfg, const std::string& override_text);

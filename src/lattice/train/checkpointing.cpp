@@ -227,7 +227,7 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
   // part of each full tensor.
   io::verify_checkpoint(step_dir);
   io::JsonValue meta = io::read_checkpoint_meta(step_dir);
-  io::RunConfig saved = io::parse_config_text(meta.at("config").as_string(), step_dir + "/meta.json config", {});
+  io::RunConfig saved = io::parse_saved_config(meta.at("config").as_string(), step_dir + "/meta.json config");
   check_same_model(saved.model, config_.model, step_dir);
   const std::string model_path = (fs::path(step_dir) / "model.safetensors").string();
   io::SafeTensorsReader model_file(model_path);
@@ -266,7 +266,7 @@ std::unique_ptr<model::GPT> load_model_for_inference(const std::string& path, in
     std::string step_dir = io::resolve_checkpoint(path);
     io::verify_checkpoint(step_dir);
     io::JsonValue meta = io::read_checkpoint_meta(step_dir);
-    io::RunConfig cfg = io::parse_config_text(meta.at("config").as_string(), step_dir + "/meta.json config", {});
+    io::RunConfig cfg = io::parse_saved_config(meta.at("config").as_string(), step_dir + "/meta.json config");
     auto gpt = std::make_unique<model::GPT>(model_config_of(cfg.model), model::GPT::NoInit{});
     load_model_safetensors(*gpt, params_of(*gpt), (fs::path(step_dir) / "model.safetensors").string());
     return gpt;
