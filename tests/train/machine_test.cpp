@@ -258,6 +258,17 @@ TEST_F(PeakCacheTest, AFigureAboveTheCeilingIsNeverCached) {
   }
 }
 
+// `lattice bench peak` keeps the higher of its figure and a valid cached one,
+// never an impossible one. (Skipped when the machine is too busy for its
+// measurement to pass the rule: nothing is stored then.)
+TEST_F(PeakCacheTest, BenchPeakNeverKeepsAnImpossibleFigure) {
+  if (train::peak_ceiling().gflops_per_core(DType::F32) <= 0) GTEST_SKIP() << "no clock here";
+  write_entry(100 * train::peak_ceiling().gflops_per_core(DType::F32), 0);
+  const train::MachinePeak bench = train::measure_machine_peak(1, 0.1, 3, /*store=*/true);
+  if (!bench.cached) GTEST_SKIP() << "this measurement did not pass the rule here: " << bench.not_cached_because;
+  EXPECT_EQ(cached("fp32"), bench.fp32_gflops_per_core) << bench.note;
+}
+
 // LATTICE_PEAK_GFLOPS_PER_CORE sets the peak of every dtype; nothing is cached.
 TEST_F(PeakCacheTest, TheEnvironmentOverrides) {
   setenv("LATTICE_PEAK_GFLOPS_PER_CORE", "123.5", 1);
