@@ -316,7 +316,8 @@ std::string why_not_cacheable(DType dtype, const std::vector<kernels::PeakSample
   if (s.size() < 2) {
     why.push_back(fmt("%s: one repeat (two within %.0f%% are needed)", name, 100 * kMaxSpread));
   } else {
-    const double spread = s[0].gflops_per_core > 0 ? (s[0].gflops_per_core - s[1].gflops_per_core) / s[0].gflops_per_core : 0;
+    const double best = s[0].gflops_per_core, second = s[1].gflops_per_core;
+    const double spread = best > 0 ? (best - second) / best : 0;
     if (spread > kMaxSpread)
       why.push_back(fmt("%s: best two repeats %.1f%% apart (more than %.0f%%)", name, 100 * spread, 100 * kMaxSpread));
   }
