@@ -404,15 +404,13 @@ MachinePeak machine_peak(int threads, int at_once, bool store) {
   std::string dropped;  // why the cache entry was not used
   if (std::optional<CachedEntry> e = read_entry(at_once)) {
     const double c32 = e->fp32.gflops_per_core, cbf = e->bf16 ? e->bf16->gflops_per_core : 0;
-    auto above = [&] {
-      const double lim32 = ceiling.gflops_per_core(DType::F32), limbf = ceiling.gflops_per_core(DType::BF16);
-      return (lim32 > 0 && c32 > lim32) || (bf16_here && limbf > 0 && cbf > limbf);
-    };
-    if (above()) {  // once more, before calling it impossible
-      remeasure_clock();
+    double lim32 = ceiling.gflops_per_core(DType::F32), limbf = ceiling.gflops_per_core(DType::BF16);
+    if ((lim32 > 0 && c32 > lim32) || (bf16_here && limbf > 0 && cbf > limbf)) {
+      remeasure_clock();  // once more, before calling the figure impossible
       ceiling = peak_ceiling();
+      lim32 = ceiling.gflops_per_core(DType::F32);
+      limbf = ceiling.gflops_per_core(DType::BF16);
     }
-    const double lim32 = ceiling.gflops_per_core(DType::F32), limbf = ceiling.gflops_per_core(DType::BF16);
     if (lim32 > 0 && c32 > lim32) {
       dropped = fmt("the cached fp32 %.1f is above the %s", c32, ceiling.describe(DType::F32).c_str());
     } else if (bf16_here && limbf > 0 && cbf > limbf) {
