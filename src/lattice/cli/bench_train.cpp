@@ -82,7 +82,11 @@ static int bench_train(const std::vector<std::string>& args) {
   model::ModelConfig mc = trainer.model().config();
   const double tok_s = tokens / seconds;
   const double flops = tok_s * mc.flops_per_token(cfg.model.seq_len);
-  const double mfu = flops / (trainer.peak_flops() * ranks);
+  // The peak of the arithmetic the GEMMs run in (train/machine.h): bf16's
+  // when bf16 GEMMs run on oneDNN's bf16 matmul, fp32's otherwise.
+  const train::MachinePeak& peak = trainer.machine_peak();
+  const double peak_per_core = peak.gflops_per_core(trainer.compute_dtype());
+  const double mfu = flops / (peak_per_core * 1e9 * num_threads() * ranks);
   std::sort(ms.begin(), ms.end());
   // Memory of this rank (rank 0 prints; every rank of a data-parallel job
   // holds the same amounts).
@@ -95,7 +99,7 @@ static int bench_train(const std::vector<std::string>& args) {
         "{\"impl\":\"lattice\",\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"vocab_size\":%d,\"batch\":%d,"
         "\"seq\":%d,\"threads\":%d,\"ranks\":%d,\"zero_stage\":%d,\"offload\":\"%s\",\"steps\":%lld,"
         "\"tokens_per_sec\":%.3f,\"step_ms\":%.3f,\"step_ms_median\":%.3f,\"model_flops_per_sec\":%.6e,"
-        "\"mfu\":%.4f,\"peak_gflops_per_core\":%.3f,\"comm_ms\":%.3f,\"comm_hidden\":%.4f,"
+        "\"mfu\":%.4f,\"peak_gflops_per_core\":%.3f,\"peak_dtype\":\"%s\",\"comm_ms\":%.3f,\"comm_hidden\":%.4f,"
         "\"comm_bytes_per_step\":%.0f,\"peak_mem_bytes\":%zu,\"params_bytes\":%zu,\"grads_bytes\":%zu,"
         "\"optimizer_bytes\":%zu,\"activations_bytes\":%zu,\"model_state_bytes\":%.0f,\"dp\":%d,\"tp\":%d,"
         "\"sequence_parallel\":%s,\"tp_comm_ms\":%.3f,\"tp_comm_bytes_per_step\":%.0f,"
@@ -103,7 +107,8 @@ static int bench_train(const std::vector<std::string>& args) {
         "\"pp_bubble_simulated\":%.4f,\"compute\":\"%s\",\"loss_last\":%.6f,\"cpu\":%s,\"isa\":\"%s\"}\n",
         mc.n_layer, mc.n_head, mc.n_embd, mc.vocab_size, cfg.train.micro_batch_size, cfg.model.seq_len,
         num_threads(), ranks, cfg.parallel.zero_stage, cfg.zero.offload.c_str(), steps, tok_s, 1e3 * seconds / steps,
-        ms[ms.size() / 2], flops, mfu, trainer.machine_peak().fp32_gflops_per_core, comm_ms / steps, hidden / steps,
+        ms[ms.size() / 2], flops, mfu, peak_per_core,
+        peak.gemm_dtype(trainer.compute_dtype()) == DType::BF16 ? "bf16" : "fp32", comm_ms / steps, hidden / steps,
         static_cast<double>(comm_bytes) / steps, mem.peak_total(), mem.peak(MemCategory::Params),
         mem.peak(MemCategory::Grads), mem.peak(MemCategory::Optimizer), mem.peak(MemCategory::Activations),
         model_state, dp, cfg.parallel.tp, cfg.parallel.sequence_parallel ? "true" : "false", tp_ms / steps,
@@ -130,8 +135,8 @@ static int bench_train(const std::vector<std::string>& args) {
                   tp_ms / steps, 100.0 * tp_ms / (1e3 * seconds),
                   format_bytes(static_cast<double>(tp_bytes) / steps).c_str());
     std::printf("  memory per rank: %s\n", mem.summary().c_str());
-    std::printf("  machine %s\n  MFU relative to %.1f GFLOP/s per core (%s)\n", train::describe_machine().c_str(),
-                trainer.machine_peak().fp32_gflops_per_core, trainer.machine_peak().source.c_str());
+    std::printf("  machine %s\n  MFU relative to %s\n", train::describe_machine().c_str(),
+                peak.describe(trainer.compute_dtype()).c_str());
   }
   return 0;
 }

@@ -1,12 +1,17 @@
 #include "lattice/core/cpu.h"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <sstream>
 
 #include "lattice/core/error.h"
+#include "lattice/core/timer.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -223,6 +228,53 @@ std::vector<Isa> runnable_isas() {
   std::vector<Isa> out;
   for (int i = static_cast<int>(detected_isa()); i >= 0; i--) out.push_back(static_cast<Isa>(i));
   return out;
+}
+
+StatedClock stated_clock() {
+  StatedClock c;
+  {
+    std::ifstream in("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq");
+    double khz = 0;
+    if (in >> khz && khz > 0) c.max_freq_ghz = khz / 1e6;
+  }
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("cpu MHz", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const double mhz = std::strtod(line.c_str() + colon + 1, nullptr);
+    if (mhz > 0) c.cpu_mhz_ghz = std::max(c.cpu_mhz_ghz, mhz / 1e3);
+  }
+  return c;
+}
+
+double measure_clock_ghz(double seconds) {
+#if defined(__x86_64__)
+#define LATTICE_ADD4 "add %1, %0\n\t" "add %1, %0\n\t" "add %1, %0\n\t" "add %1, %0\n\t"
+#define LATTICE_ADD16 LATTICE_ADD4 LATTICE_ADD4 LATTICE_ADD4 LATTICE_ADD4
+  // 64 additions a block, each needing the one before; the addend is a
+  // register whose value the core cannot know in advance.
+  constexpr int64_t kBlocks = 12288, kAddsPerBlock = 64;  // 786k cycles: ~0.3 ms at 2.5 GHz
+  uint64_t a = 0;
+  const uint64_t b =
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) | 1;
+  double best = 0;
+  Timer total;
+  do {
+    Timer window;
+    for (int64_t i = 0; i < kBlocks; i++)
+      __asm__ volatile(LATTICE_ADD16 LATTICE_ADD16 LATTICE_ADD16 LATTICE_ADD16 : "+r"(a) : "r"(b));
+    best = std::max(best, static_cast<double>(kBlocks * kAddsPerBlock) / window.seconds() / 1e9);
+  } while (total.seconds() < seconds);
+#undef LATTICE_ADD16
+#undef LATTICE_ADD4
+  __asm__ volatile("" : : "r"(a));  // the chain's result is used
+  return best;
+#else
+  (void)seconds;
+  return 0;
+#endif
 }
 
 }  // namespace lattice

@@ -69,4 +69,27 @@ void set_active_isa_for_testing(Isa isa);
 // Every level this CPU can run, from the best down (detected_isa() first).
 std::vector<Isa> runnable_isas();
 
+// ---- The clock ---------------------------------------------------------------
+// What the system states about the core clock: cpu0's cpufreq
+// cpuinfo_max_freq (/sys/devices/system/cpu/cpu0/cpufreq) and the largest
+// "cpu MHz" of /proc/cpuinfo. Neither is a dependable maximum: "cpu MHz" is
+// the clock of the moment on bare metal and the TSC's nominal rate under a
+// hypervisor (2096 MHz on a Zen 5 VM whose cores run at 3.4-3.8 GHz), and
+// acpi-cpufreq's cpuinfo_max_freq leaves out boost. A value absent from the
+// system is 0.
+struct StatedClock {
+  double max_freq_ghz = 0;  // cpuinfo_max_freq
+  double cpu_mhz_ghz = 0;   // the largest "cpu MHz", in GHz
+};
+StatedClock stated_clock();
+
+// The clock one core runs at now, measured: the calling thread times chains
+// of dependent 64-bit register additions (one a cycle on x86-64 cores: each
+// needs the last one's result, and none is folded away at rename the way
+// some cores fold additions of a constant; a core that ran them faster would
+// only read a higher clock), in windows of about 0.3 ms for `seconds`, and
+// returns the fastest window's rate in GHz (a window the thread lost its CPU
+// in only reads lower). 0 off x86-64.
+double measure_clock_ghz(double seconds);
+
 }  // namespace lattice

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <string>
 
+#include "lattice/core/cpu.h"
 #include "lattice/core/dtype.h"
 
 namespace lattice::kernels {
@@ -216,10 +217,23 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
 // ---- Peak arithmetic rate (cpu/peak.cpp) ------------------------------------------
 // This CPU's peak multiply-add rate for `dtype` at active_isa(), measured:
 // `threads` threads each run a register-only FMA loop (VDPBF16PS for bf16)
-// for `seconds`, all at once; returns the mean GFLOP/s per thread. 0 when the
-// CPU has no such instructions (bf16 without avx512_bf16 at the AVX-512 level).
-double measure_peak_gflops_per_core(DType dtype, int threads, double seconds);
-// False when measure_peak_gflops_per_core(dtype, ...) would return 0.
+// for `seconds` of wall time, all at once. gflops_per_core: the mean over the
+// threads of FLOPs per second of the thread's own CPU time (time the
+// scheduler gave to other processes neither counts nor lowers it; 0 when the
+// CPU has no such instructions: bf16 without avx512_bf16 at the AVX-512
+// level). on_cpu: the least share of the wall time any thread ran (its CPU
+// time / the wall time; below 1 when other work shared its core).
+struct PeakSample {
+  double gflops_per_core = 0;
+  double on_cpu = 0;
+};
+PeakSample measure_peak(DType dtype, int threads, double seconds);
+// False when measure_peak(dtype, ...) would return 0.
 bool peak_measurable(DType dtype);
+// The most FLOPs per cycle one core can retire of the loop measure_peak runs
+// for `dtype` at `isa` (two FMA pipes of the level's width; bf16: two
+// VDPBF16PS, 4 FLOPs a lane; baseline: two multiplies and two adds). 0 where
+// there is no loop (bf16 below avx512).
+double peak_flops_per_cycle(DType dtype, Isa isa);
 
 }  // namespace lattice::kernels
