@@ -112,9 +112,7 @@ void Trainer::print_header() const {
     std::printf("lattice: eval every %lld steps on %s\n", static_cast<long long>(config_.train.eval_every),
                 val_data_->describe().c_str());
   std::printf("lattice: machine %s\n", describe_machine().c_str());
-  std::printf(
-      "lattice: MFU relative to %.0f GFLOP/s fp32 (%d threads x %.1f, %s; LATTICE_PEAK_GFLOPS_PER_CORE overrides)\n",
-      peak_flops_ / 1e9, num_threads(), peak_.fp32_gflops_per_core, peak_.source.c_str());
+  std::printf("lattice: MFU relative to %s\n", peak_.describe(compute_).c_str());
   std::fflush(stdout);
 }
 

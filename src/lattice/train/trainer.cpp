@@ -130,7 +130,8 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
   // MFU is relative to this CPU's measured fp32 peak (machine.h), at the
   // number of threads this node's ranks run at once (the all-core clock).
   peak_ = train::machine_peak(num_threads(), std::min(num_threads() * local_ranks, cores), ranks == 1);
-  peak_flops_ = peak_.fp32_gflops_per_core * 1e9 * num_threads();
+  // The peak of the arithmetic the GEMMs run in (bf16 on oneDNN's bf16 matmul, else fp32).
+  peak_flops_ = peak_.gflops_per_core(compute_) * 1e9 * num_threads();
 
   const uint64_t seed = static_cast<uint64_t>(config_.train.seed);
   build(seed);
