@@ -156,6 +156,55 @@ inline std::string replicated_param_differing_over_tp(const io::RunConfig& c, co
   return "";
 }
 
+// Trains `c` on `ranks` for `steps` steps; returns "" when every rank's own
+// copy of each group agrees with every other rank's (the data-parallel
+// replicas, and the tied embedding's first and last stage copies), or the
+// first group that differs. Each rank checks the parameters it holds whole
+// (ZeRO 0-2; a ZeRO-3 rank holds slices, whose assembly full_tensors checks);
+// unlike comparing full_tensors(), which are gathered from one owner, this
+// sees a replica or a tied copy that drifted. Collective over `ranks`.
+inline std::string own_copies_differ(const io::RunConfig& c, comm::Communicator& ranks, int steps) {
+  train::TrainerOptions o;
+  o.print = false;
+  o.ranks = &ranks;
+  train::Trainer t(c, o);
+  for (int s = 0; s < steps; s++) t.train_step();
+  // Per group of the whole model: how many copies this rank holds and a
+  // checksum of them (Σ (i + 1)·x_i in double); a rank holding two (ZB-V's
+  // rank 0 with both tied copies) compares them here.
+  const model::GPT layout(t.model().config(), model::GPT::Unallocated{});
+  std::vector<double> mine;
+  std::string local_mismatch;
+  for (const model::ParamGroup& shape : layout.groups()) {
+    double has = 0, sum = 0;
+    for (const auto& part : t.parts())
+      for (const model::ParamGroup& g : part->groups()) {
+        if (g.name() != shape.name() || !g.has_params()) continue;
+        double v = 0;
+        const float* x = g.data();
+        for (int64_t i = 0; i < g.numel(); i++) v += static_cast<double>(i + 1) * x[i];
+        if (has > 0 && v != sum) local_mismatch = shape.name() + " (two copies on world rank " +
+                                                  std::to_string(comm::world_rank()) + ")";
+        has = 1, sum = v;
+      }
+    mine.push_back(has);
+    mine.push_back(sum);
+  }
+  std::vector<double> all(mine.size() * static_cast<size_t>(ranks.size()));
+  ranks.all_gather(mine.data(), all.data(), mine.size(), DType::F64);
+  for (size_t k = 0; k < layout.groups().size(); k++) {
+    bool seen = false;
+    double first = 0;
+    for (int r = 0; r < ranks.size(); r++) {
+      const double* e = all.data() + static_cast<size_t>(r) * mine.size() + 2 * k;
+      if (e[0] == 0) continue;
+      if (seen && e[1] != first) return layout.groups()[k].name() + " (ranks disagree)";
+      seen = true, first = e[1];
+    }
+  }
+  return local_mismatch;
+}
+
 // 16-bit compute (precision.compute = bf16 | f16) against the one process
 // at the same compute dtype. A layout sums the f32 gradients in another
 // order (its reductions), which moves a master weight by an f32 rounding;

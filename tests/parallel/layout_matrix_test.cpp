@@ -12,7 +12,8 @@
 //            each within Adam's largest movement (equivalence.h, why).
 //   learns   a lossy gradient codec: the loss falls at least half as far as
 //            the uncompressed one process's over the same 10 steps, and every
-//            rank ends with the same parameters (replicas identical).
+//            rank's own copy of every group it holds whole agrees with the
+//            others' (the replicas, and the tied embedding's two copies).
 //   eval     the val loss before and after 3 steps equals one process's (1e-5).
 //   init     checkpoint.init_from a model file (another seed's initial
 //            weights): the layout trains from it as one process does (same).
@@ -102,6 +103,21 @@ const Row kRows[] = {
      Check::Learns},
     {"dp2 ZeRO-3 onebit", 2, "parallel.dp=2 parallel.zero_stage=3 compression.grad=onebit", Check::Learns},
     {"dp2 x pp2 ZeRO-3 powersgd", 4, "parallel.dp=2 parallel.pp=2 parallel.zero_stage=3 compression.grad=powersgd",
+     Check::Learns},
+    // ... and where the tied embedding's copies sit in other places of their
+    // ranks' parts (interleaved: the last stage is rank 1's second part;
+    // ZB-V: both copies on rank 0), at ZeRO 0 and 1, where they are summed
+    // before their reductions and must compress alike
+    {"dp2 x pp2 interleaved v2 ZeRO-0 powersgd", 4,
+     "parallel.dp=2 parallel.pp=2 parallel.schedule=interleaved parallel.virtual_stages=2 compression.grad=powersgd",
+     Check::Learns},
+    {"dp2 x pp2 zb-v ZeRO-1 powersgd", 4,
+     "parallel.dp=2 parallel.pp=2 parallel.schedule=zb-v parallel.virtual_stages=2 parallel.zero_stage=1 "
+     "compression.grad=powersgd",
+     Check::Learns},
+    {"dp2 x pp2 zb-v ZeRO-1 onebit", 4,
+     "parallel.dp=2 parallel.pp=2 parallel.schedule=zb-v parallel.virtual_stages=2 parallel.zero_stage=1 "
+     "compression.grad=onebit",
      Check::Learns},
     // checkpoint.init_from under tp, pp and ZeRO-3
     {"init_from tp2 SP", 2, "parallel.tp=2 parallel.sequence_parallel=true", Check::Init},
@@ -197,6 +213,8 @@ void run_row(const Row& row, const io::RunConfig& c, comm::Communicator& ranks) 
       EXPECT_GE(drop, 0.5 * want_drop) << what << ": the codec's run learned less than half as much";
       for (const train::HfTensor& p : got.params)
         ASSERT_EQ(mpitest::first_differing_rank(ranks, p.data), -1) << what << ": " << p.name << " differs";
+      // Every rank's own copies agree: the replicas, and the tied embedding's two.
+      EXPECT_EQ(mpitest::own_copies_differ(c, ranks, 10), "") << what << ": this group's copies differ";
       break;
     }
     case Check::Eval: {

@@ -21,6 +21,7 @@
 #include "lattice/core/memory.h"
 #include "lattice/core/threads.h"
 #include "lattice/io/config.h"
+#include "lattice/kernels/ops.h"
 #include "lattice/model/gpt.h"
 #include "lattice/optim/adamw.h"
 #include "lattice/parallel/pipeline/executor.h"
@@ -109,7 +110,29 @@ PipeRun pipelined(const Schedule& s, int layers, comm::Communicator& group,
     for (int k = 0; k < s.micro_batches; k++) in.push_back(tokens(step, k, 0)), tg.push_back(tokens(step, k, 3));
     for (int k = 0; k < s.micro_batches; k++) batches.push_back({in[k].data(), tg[k].data()});
     const double loss = ex.run_step(batches, B, T);
-    const double norm = std::sqrt(ex.grad_sum_squares());
+    // What the data-parallel engine does in lattice train: the tied
+    // embedding's two shares summed between its stages, and the norm over
+    // the pipeline with every parameter counted once (GPT::counts_in_norm).
+    model::GPT *first = nullptr, *last = nullptr;
+    for (auto& g : models) {
+      if (g->first_stage()) first = g.get();
+      if (g->last_stage()) last = g.get();
+    }
+    auto share = [](model::GPT* g) -> float* {
+      if (!g) return nullptr;
+      g->embedding_group().zero_unwritten_grads();
+      return g->embedding_group().grad_storage();
+    };
+    float *a = share(first), *b = share(last);
+    if (a || b) ex.sum_tied(a, b, static_cast<size_t>((first ? first : last)->embedding_group().numel()));
+    double sum_squares = 0;
+    for (auto& g : models)
+      for (size_t i = 0; i < g->groups().size(); i++)
+        for (const model::ParamInfo& info : g->groups()[i].params())
+          if (g->counts_in_norm(i, info))
+            sum_squares += kernels::sum_squares(g->groups()[i].grad() + info.offset, info.numel());
+    group.all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
+    const double norm = std::sqrt(sum_squares);
     for (auto& a : adams) a->step(lr_of(step), optim::clip_scale(norm, 1.0f));
     r.losses.push_back(loss);
     r.norms.push_back(norm);
@@ -459,6 +482,21 @@ TEST(PipelineTrainer, DiskOffloadOverPipelinesIsBitIdentical) {
     c.zero.offload_window_mb = 0.01;  // several windows even for this model
     const mpitest::RunResult disk = mpitest::train_run(c, groups_of(4), 5);
     const std::string what = "dp2 x pp2 ZeRO-" + std::to_string(zero) + " offload";
+    {
+      // The state is really on disk: files of this rank in the directory, and
+      // less of it resident than in memory.
+      train::TrainerOptions o;
+      o.print = false;
+      o.ranks = &groups_of(4);
+      train::Trainer t(c, o);
+      io::RunConfig in_memory = c;
+      in_memory.zero = io::RunConfig().zero;
+      train::Trainer m(in_memory, o);
+      EXPECT_NE(t.optimizer().store().describe().find("disk"), std::string::npos)
+          << what << ": " << t.optimizer().store().describe();
+      EXPECT_LT(t.optimizer().store().resident_bytes(), m.optimizer().store().resident_bytes()) << what;
+      EXPECT_FALSE(std::filesystem::is_empty(dir)) << what << ": no offload file in " << dir;
+    }
     ASSERT_EQ(disk.losses.size(), memory.losses.size());
     for (size_t s = 0; s < memory.losses.size(); s++) EXPECT_EQ(disk.losses[s], memory.losses[s]) << what;
     ASSERT_EQ(disk.params.size(), memory.params.size());

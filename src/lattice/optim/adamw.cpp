@@ -73,12 +73,6 @@ void AdamW::step(float lr, float grad_scale, const std::function<void(int64_t en
   });
 }
 
-double AdamW::grad_sum_squares() const {
-  double sum = 0;
-  for (const AdamWSegment& s : segments_) sum += kernels::sum_squares(s.grad, s.n);
-  return sum;
-}
-
 float lr_at(int64_t step, int64_t total_steps, int64_t warmup_steps, float max_lr, float min_lr) {
   if (step < warmup_steps) return max_lr * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
   if (total_steps <= warmup_steps) return max_lr;

@@ -58,8 +58,6 @@ class AdamW {
   const AdamWConfig& config() const { return config_; }
   StateStore& store() { return *store_; }
   const std::vector<AdamWSegment>& segments() const { return segments_; }
-  // Σ grad² over the segments (this rank's part of the global norm), in double.
-  double grad_sum_squares() const;
 
   // Moments of group g, for the groups constructor (memory store, whole groups).
   float* m(size_t g) { return group_state(StateStore::kM, g); }

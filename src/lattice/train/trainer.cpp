@@ -216,9 +216,8 @@ void Trainer::build(uint64_t seed) {
   executor_ = std::make_unique<pipeline::Executor>(schedule_, parts, mesh_->pp());
   // The wiring: the engine reduces a part's gradients in its last backward
   // of the step, told by the executor; the tied embedding's two copies (first
-  // and last stage) are summed by the engine after their reductions, over
-  // the executor's link between those stages.
-  executor_->set_sum_tied_embedding(false);
+  // and last stage) are summed by the engine, over the executor's link
+  // between those stages.
   executor_->on_backward([this](int stage, bool last) { dp_->before_backward(part_of_stage_[stage], last); });
   executor_->on_stage_done([this](int stage) { dp_->part_done(part_of_stage_[stage]); });
   pipeline::Executor* ex = executor_.get();

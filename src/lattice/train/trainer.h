@@ -113,8 +113,10 @@ class Trainer {
   // Loads a step directory (model, optimizer, step, loader position, RNG).
   void load_checkpoint(const std::string& step_dir);
 
-  // This rank's first model part (the whole model at pp = 1).
+  // This rank's first model part (the whole model at pp = 1), and all of
+  // them in stage order.
   model::GPT& model();
+  const std::vector<std::unique_ptr<model::GPT>>& parts() const { return parts_; }
   optim::AdamW& optimizer();
   parallel::DataParallel& data_parallel() { return *dp_; }
   // Every parameter as its full logical tensor in HF layout (the checkpoint's

@@ -39,10 +39,16 @@ struct DataParallel::Part {
       : model(m), groups(m.groups()), layout(buckets), opt_layout(mine) {}
   model::GPT& model;
   std::vector<model::ParamGroup>& groups;
-  ShardLayout layout;                  // over the dp ranks: buckets and shards
-  ShardLayout opt_layout;              // what this rank's optimizer updates (= layout, or whole groups at stage 0)
-  std::vector<int64_t> state_base;     // offset of each group's shard in the optimizer state
-  int64_t key_base = 0;                // GradientReducer key group of group 0
+  ShardLayout layout;               // over the dp ranks: buckets and shards
+  ShardLayout opt_layout;           // what this rank's optimizer updates (= layout, or whole groups at stage 0)
+  std::vector<int64_t> state_base;  // offset of each group's shard in the optimizer state
+  // Each group's GradientReducer key group: its index in the whole model
+  // (embedding 0, block l at 1 + l, ln_f at n_layer + 1), so a group keys
+  // the same compression state and PowerSGD draws whatever the layout (the
+  // tied embedding's two copies too: summed before their reductions at
+  // stages 0-1, they must compress alike); at stages 2-3 the last stage's
+  // copy, reduced apart from the first's, is n_layer + 2.
+  std::vector<int64_t> key;
   std::vector<Buffer> shard_grads;     // stages 2-3: this rank's gradient slices per group
   std::vector<uint8_t> written;        // stages 2-3: a slice was reduced into this step; 0-1: posted this step
   std::vector<LowRankLayout> lowrank;  // compression.grad = powersgd: each group's matrices
@@ -135,7 +141,7 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
 
   // Layouts: the embedding group in whole rows (sharded_embedding.h works row
   // block by row block), in chunks of at most kEmbeddingChunkBytes.
-  int64_t total = 0, key = 0;
+  int64_t total = 0;
   for (model::GPT* m : parts) {
     LATTICE_CHECK(!m->groups().front().has_params() && !m->groups().front().has_grads(),
                   "internal: data parallelism takes model parts built GPT::Unallocated");
@@ -150,8 +156,6 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
     const ShardLayout buckets(m->groups(), dp.size(), dp.rank(), options.bucket_bytes, rows, chunk_bytes);
     auto p = std::make_unique<Part>(*m, buckets,
                                     stage == 0 ? ShardLayout(m->groups(), 1, 0, options.bucket_bytes) : buckets);
-    p->key_base = key;
-    key += static_cast<int64_t>(p->groups.size());
     const size_t G = p->groups.size();
     for (size_t g = 0; g < G; g++) {
       p->state_base.push_back(total);
@@ -178,6 +182,18 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
       p->backward_order = {mm.embedding_index(), mm.final_index()};
     }
     for (size_t b = b1; b > b0; b--) p->backward_order.push_back(b - 1);
+    const int L = mm.config().n_layer;
+    for (size_t g = 0; g < G; g++) {
+      int64_t k = 0;  // the embedding
+      if (is_embedding(*p, g)) {
+        if (!mm.first_stage() && stage >= 2) k = L + 2;
+      } else if (mm.last_stage() && g == mm.final_index()) {
+        k = L + 1;
+      } else {
+        k = 1 + mm.first_layer() + static_cast<int64_t>(g - b0);
+      }
+      p->key.push_back(k);
+    }
     parts_.push_back(std::move(p));
   }
 
@@ -238,8 +254,8 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
                                                : stage == 1 ? ShardedEmbedding::Gradients::Scatter
                                                             : ShardedEmbedding::Gradients::AllReduce;
       p.embedding = std::make_unique<ShardedEmbedding>(p.groups[e], p.model.config(), p.layout.group(e), *stream_,
-                                                       *reducer_, p.key_base + static_cast<int64_t>(e), emb_params,
-                                                       mode, stage >= 2 ? p.shard_grads[e].as<float>() : nullptr);
+                                                       *reducer_, p.key[e], emb_params, mode,
+                                                       stage >= 2 ? p.shard_grads[e].as<float>() : nullptr);
       p.model.set_tied_embedding(p.embedding.get());
     }
     p.hooks = std::make_unique<PartHooks>(*this, j);
@@ -378,15 +394,21 @@ void DataParallel::finish_gradients() {
       return p->groups[e].grad_storage();
     };
     tied_sum_(grad(first), grad(last), static_cast<size_t>(parts_[any]->groups[e].numel()));
-    for (size_t j : {first, last})
-      if (part(j)) reduce_group(j, e);
+    // Both copies on this rank (ZB-V's rank 0): one reduction, copied.
+    if (part(first)) reduce_group(first, e);
+    if (part(last) && !part(first)) reduce_group(last, e);
   }
   for (auto& p : parts_)
     if (p->embedding) p->embedding->finish();
   stream_->wait_all();
   reap();
   LATTICE_CHECK(pending_grad_releases_.empty(), "internal: gradient buffers still lent after the last reduction");
-  if (stage() < 2) return;
+  if (stage() < 2) {
+    if (part(first) && part(last))
+      std::memcpy(part(last)->groups[e].grad_storage(), part(first)->groups[e].grad_storage(),
+                  static_cast<size_t>(part(first)->groups[e].capacity()) * sizeof(float));
+    return;
+  }
   // A group no backward wrote this step (none should) holds zero slices.
   for (auto& p : parts_)
     for (size_t g = 0; g < p->groups.size(); g++)
@@ -572,7 +594,7 @@ void DataParallel::reduce_group(size_t j, size_t g) {
   if (reducer_->lowrank()) {
     // PowerSGD needs the group's matrices whole: one operation for the group,
     // the result where the chunk operations below would leave it.
-    const int64_t key = GradientReducer::key(p.key_base + static_cast<int64_t>(g), 0);
+    const int64_t key = GradientReducer::key(p.key[g], 0);
     const std::string label = "grad " + group.name() + " powersgd";
     if (stage() == 0) {
       reducer_->all_reduce_lowrank(key, grad, p.lowrank[g], s.chunks, k, label);
@@ -585,7 +607,7 @@ void DataParallel::reduce_group(size_t j, size_t g) {
   } else {
     for (int64_t c = 0; c < s.chunks; c++) {
       float* chunk = grad + c * s.chunk_numel();
-      const int64_t key = GradientReducer::key(p.key_base + static_cast<int64_t>(g), c);
+      const int64_t key = GradientReducer::key(p.key[g], c);
       const std::string label = comm::chunk_label("grad", group.name(), c, s.chunks);
       if (stage() == 0) {
         reducer_->all_reduce(key, chunk, k, label);

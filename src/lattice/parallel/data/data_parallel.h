@@ -39,7 +39,8 @@
 // gradient) and the last stage's (the head's) are summed between the two
 // stages by the TiedSum the trainer wires to the executor — at stages 0-1
 // their whole gradients after the schedule, each copy then reduced over the
-// replicas (so a codec compresses the sum); at stages 2-3, which never hold
+// replicas (so a codec compresses the sum; one reduction, copied, when both
+// copies are on this rank); at stages 2-3, which never hold
 // a whole embedding gradient, the slices each copy was reduced into. Both
 // copies then hold the same sum and stay equal after the update.
 //

@@ -76,7 +76,6 @@ double Executor::run_step(const std::vector<MicroBatch>& batches, int B, int T) 
   LATTICE_CHECK(static_cast<int>(batches.size()) == m,
                 "pipeline step: " << batches.size() << " micro-batches for a schedule of " << m);
   double loss = run_actions(schedule_.actions[group_.rank()], batches, B, T, true);
-  if (sum_tied_) sync_tied_embedding();
   group_.all_reduce(&loss, 1, DType::F64, comm::ReduceOp::Sum);  // only the last stage adds
   return loss / m;
 }
@@ -221,24 +220,6 @@ double Executor::run_actions(const std::vector<Action>& actions, const std::vect
   return loss_sum;
 }
 
-// Makes every gradient of the embedding group exist (a stage that never
-// wrote one, e.g. the last stage's wpe, holds zeros), then sums the first
-// and last stage's copies so both hold the whole gradient of the tied wte.
-void Executor::sync_tied_embedding() {
-  const int S = schedule_.stages;
-  auto written = [](model::GPT& g) {
-    g.embedding_group().zero_unwritten_grads();
-    return g.embedding_group().grad_storage();
-  };
-  if (S == 1) return;
-  model::GPT* first = stage_of_[0];
-  model::GPT* last = stage_of_[S - 1];
-  model::GPT* any = first ? first : last;
-  if (!any) return;
-  sum_tied(first ? written(*first) : nullptr, last ? written(*last) : nullptr,
-           static_cast<size_t>(any->embedding_group().numel()));
-}
-
 void Executor::sum_tied(float* first, float* last, size_t n) {
   if (schedule_.stages == 1 || (!first && !last)) return;
   if (first && last) {  // both on this rank
@@ -247,20 +228,6 @@ void Executor::sum_tied(float* first, float* last, size_t n) {
     return;
   }
   embedding_group_->all_reduce(first ? first : last, n, DType::F32, comm::ReduceOp::Sum);
-}
-
-double Executor::grad_sum_squares() {
-  double sum = 0;
-  for (model::GPT* g : stage_of_) {
-    if (!g) continue;
-    for (size_t i = 0; i < g->groups().size(); i++) {
-      const model::ParamGroup& p = g->groups()[i];
-      for (const model::ParamInfo& info : p.params())
-        if (g->counts_in_norm(i, info)) sum += kernels::sum_squares(p.grad() + info.offset, info.numel());
-    }
-  }
-  group_.all_reduce(&sum, 1, DType::F64, comm::ReduceOp::Sum);
-  return sum;
 }
 
 std::vector<std::vector<Interval>> Executor::gather_timelines() {

@@ -15,9 +15,10 @@
 // Sends copy their payload (the slot may be reused at once) and are waited
 // for at the end of the step; receives name (stage, micro-batch, direction)
 // in their tag, so any valid order matches. The loss is scaled by 1/m (every
-// micro-batch's gradient is that of the step's mean loss). At the end of the
-// step the tied embedding's two shares — the lookup's on the first stage, the
-// head's on the last — are summed so both copies hold the whole gradient.
+// micro-batch's gradient is that of the step's mean loss). The tied
+// embedding's two shares of gradient (the lookup's on the first stage, the
+// head's on the last) stay where they are: whoever reduces the gradients
+// sums them, over sum_tied().
 //
 // Activation slots come from a pool per stage and return to it after the
 // micro-batch's last backward, so a rank holds only its in-flight
@@ -68,12 +69,6 @@ class Executor {
   // whole model, one stage, stores nothing: GPT::evaluate).
   double evaluate(const std::vector<MicroBatch>& batches, int B, int T);
 
-  // Σ g² over every parameter of the pipeline, each counted once
-  // (GPT::counts_in_norm; all-reduced over the group, so every rank gets it).
-  // With tensor parallelism inside the stages it is this TP rank's share, to
-  // be summed over the TP group.
-  double grad_sum_squares();
-
   // This rank's actions of the last step, timed (seconds from its start).
   const std::vector<Interval>& timeline() const { return timeline_; }
   // Every rank's timeline of the last step (collective): for the trace and
@@ -90,15 +85,15 @@ class Executor {
   void on_backward(std::function<void(int stage, bool last)> begin) { backward_begins_ = std::move(begin); }
   // Called right after this rank's last backward of `stage` in the step (the
   // stage's gradients are final — but for the tied embedding's, whose two
-  // shares are summed after the reduction).
+  // shares the data-parallel engine sums in finish_gradients).
   void on_stage_done(std::function<void(int stage)> done) { stage_done_ = std::move(done); }
-  // Whether run_step sums the tied embedding's whole gradient between its
-  // two stages (default). ZeRO-2/3 hold no whole gradient at the end of the
-  // step: they turn this off and sum their slices with sum_tied instead.
-  void set_sum_tied_embedding(bool on) { sum_tied_ = on; }
   // Sums n floats of the tied embedding between the first and the last
   // stage: `first` / `last` are this rank's buffers for those stages, null
   // where the stage is elsewhere (collective over the two stages' ranks).
+  // The data-parallel engine calls it (DataParallel::set_tied_sum): the two
+  // shares of the tied wte's gradient — the lookup's on the first stage, the
+  // head's on the last — are its business, summed before or after its
+  // reductions as the ZeRO stage needs.
   void sum_tied(float* first, float* last, size_t n);
 
  private:
@@ -110,7 +105,6 @@ class Executor {
                      bool training);
   model::GPT& stage_model(int stage);
   int tag(int stage, int micro, bool backward) const;
-  void sync_tied_embedding();
 
   Schedule schedule_;
   comm::Communicator& group_;
@@ -119,7 +113,6 @@ class Executor {
   std::vector<Interval> timeline_;
   std::function<void(int, bool)> backward_begins_;
   std::function<void(int)> stage_done_;
-  bool sum_tied_ = true;
   float loss_scale_ = 1.0f;
 };
 
