@@ -6,7 +6,8 @@
 The folders and what each may include besides itself (the line of
 dependencies written in src/lattice/CMakeLists.txt):
 
-    cli -> train -> {parallel, optim, data, io} -> model -> layers -> {kernels, comm} -> core
+    cli -> train -> parallel -> optim -> model -> layers -> {kernels, comm} -> core
+    train -> data -> io -> core, and parallel -> io
 
 The engines in parallel/ wrap the model; the layers in layers/ build it. Inside
 parallel/, the pipeline engine and the data-parallel engine (data/, zero/,
@@ -37,7 +38,7 @@ ALLOWED = {
 # Inside parallel/: sub-folders that must not include each other.
 APART = [({"pipeline"}, {"data", "zero", "compress"})]
 
-INCLUDE = re.compile(r'^\s*#\s*include\s+"lattice/([^"]+)"', re.M)
+INCLUDE = re.compile(r'^\s*#\s*include\s+["<]lattice/([^">]+)[">]', re.M)
 
 
 def folder(path):

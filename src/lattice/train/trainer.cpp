@@ -433,7 +433,7 @@ StepStats Trainer::train_step_unguarded() {
     s.tp_comm_bytes = tp_->group().stats().bytes_sent - tp_bytes_before;
   }
   s.peak_mem_bytes = MemoryTracker::instance().peak_total();
-  const parallel::DataParallel::StepComm c = dp_->last_step_comm();
+  const parallel::DataParallel::StepComm c = dp_->step_comm();
   s.comm_ms = c.ran_s * 1e3;
   s.comm_exposed_ms = c.exposed_s * 1e3;
   s.comm_hidden = c.hidden();

@@ -476,10 +476,15 @@ void DataParallel::optimizer_step(float lr, float grad_scale) {
   } else {
     optimizer_->step(lr, grad_scale);
   }
+}
+
+DataParallel::StepComm DataParallel::step_comm() {
   const comm::CommStream::Times t = stream_->times();
-  last_comm_.ran_s = t.ran_s;
-  last_comm_.exposed_s = t.waited_s;
-  last_comm_.bytes = stream_->comm().stats().bytes_sent - bytes_at_step_start_;
+  StepComm c;
+  c.ran_s = t.ran_s;
+  c.exposed_s = t.waited_s;
+  c.bytes = stream_->comm().stats().bytes_sent - bytes_at_step_start_;
+  return c;
 }
 
 // ---------------------------------------------------------------- hooks

@@ -142,14 +142,15 @@ class DataParallel {
   // Sum over the group's ranks (through the stream, in order).
   double sum_over_ranks(double x);
 
-  // Communication of the last step.
+  // Communication of the step so far (since begin_step): after the update,
+  // or after a step whose update was skipped, the whole step's.
   struct StepComm {
     double ran_s = 0;      // time the collectives took
     double exposed_s = 0;  // time the compute thread waited for them
     uint64_t bytes = 0;    // bytes this rank sent (Communicator's ring formulas)
     double hidden() const { return ran_s > 0 ? std::max(0.0, 1.0 - exposed_s / ran_s) : 1.0; }
   };
-  StepComm last_step_comm() const { return last_comm_; }
+  StepComm step_comm();
 
   // ---- checkpoints: full logical group buffers ----
   enum class State { Params, AdamM, AdamV };
@@ -194,7 +195,6 @@ class DataParallel {
   std::vector<Release> pending_grad_releases_;
   TiedSum tied_sum_;
   uint64_t bytes_at_step_start_ = 0;
-  StepComm last_comm_;
 };
 
 }  // namespace lattice::parallel
