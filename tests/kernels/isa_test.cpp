@@ -63,6 +63,32 @@ std::vector<KernelCase> kernel_cases() {
                                                C, false);
                      for (const auto* v : {&y, &mean, &rstd, &dx, &dw, &db}) append(out, *v);
                    }});
+  cases.push_back({"rmsnorm", [=](std::vector<float>& out) {
+                     auto x = randn(N * C, 23, 2.0f, 1.0f), w = randn(C, 24), d = randn(N * C, 25);
+                     std::vector<float> y(N * C), rstd(N), dx(N * C), dw(C);
+                     rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+                     rmsnorm_backward_input(dx.data(), d.data(), x.data(), w.data(), rstd.data(), N, C, false);
+                     rmsnorm_backward_weight(dw.data(), d.data(), x.data(), rstd.data(), N, C, false);
+                     for (const auto* v : {&y, &rstd, &dx, &dw}) append(out, *v);
+                   }});
+  cases.push_back({"swiglu", [=](std::vector<float>& out) {
+                     const int F = 2 * C + 5;
+                     auto x = randn(N * 2 * F, 26, 4.0f), d = randn(N * F, 27);
+                     std::vector<float> y(N * F), dx(N * 2 * F);
+                     swiglu_forward(y.data(), x.data(), N, F);
+                     swiglu_backward(dx.data(), d.data(), x.data(), N, F);
+                     append(out, y);
+                     append(out, dx);
+                   }});
+  cases.push_back({"rope", [=](std::vector<float>& out) {
+                     const int hs = C / NH + 2;  // 14: a half of 7, the vector loops' remainders
+                     const RopeTable table(hs, T + 3, 10000.0f);
+                     auto qkv = randn(N * 3 * NH * hs, 28), d = qkv;
+                     rope_forward(qkv.data(), 3 * NH * hs, table, B, T, 2 * NH, 3);
+                     rope_backward(d.data(), 3 * NH * hs, table, B, T, 2 * NH, 3);
+                     append(out, qkv);
+                     append(out, d);
+                   }});
   cases.push_back({"linear bias and column sums", [=](std::vector<float>& out) {
                      const int IC = 24, OC = 40;
                      auto x = randn(N * IC, 9), w = randn(OC * IC, 10), b = randn(OC, 11), d = randn(N * OC, 12);

@@ -22,9 +22,11 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "lattice/core/cpu.h"
 #include "lattice/core/dtype.h"
+#include "lattice/core/memory.h"
 
 namespace lattice::kernels {
 
@@ -139,6 +141,88 @@ void linear_backward_weight(float* dweight, float* dbias, const float* dout, con
 void gelu_forward(float* out, const float* inp, int64_t n);
 // dinp = dout · gelu'(inp)   (written)
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+
+// ---- RMSNorm (Llama) -------------------------------------------------------------
+// rstd_i = 1/sqrt((1/C) Σ_c x_ic² + eps) ; out_ic = (x_ic · rstd_i) · w_c      (rstd: [N])
+// No mean subtraction and no bias (HF LlamaRMSNorm, computed in f32). eps > 0
+// (Llama 2/3 use 1e-5, Llama 1 1e-6: the caller's config says which).
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N, int C, float eps);
+// With x̂ = x·rstd and g = dout ⊙ w:
+// dinp_ic (= or += when accumulate) rstd_i · (g_ic - x̂_ic · mean_c(g_i ⊙ x̂_i))
+// (accumulate = true adds into dinp, as layernorm_backward_input always does:
+// the block's residual gradient; false writes it)
+void rmsnorm_backward_input(float* dinp, const float* dout, const float* inp, const float* weight,
+                            const float* rstd, int64_t N, int C, bool accumulate);
+// dweight_c (+)= Σ_i dout_ic · x̂_ic   (accumulate = false overwrites, as layernorm_backward_weight)
+void rmsnorm_backward_weight(float* dweight, const float* dout, const float* inp, const float* rstd, int64_t N,
+                             int C, bool accumulate = true);
+
+// ---- SwiGLU (Llama MLP) -------------------------------------------------------------
+// The fused gate/up projection's output inp is [N, 2F]: row n holds the gate
+// g = inp[n, 0:F] then the up projection u = inp[n, F:2F] (the fused weight
+// [2F, C] is gate_proj.weight stacked over up_proj.weight; tensor parallelism
+// splits each half by rows, so a rank's slice has the same layout).
+//   out[n, f] = silu(g_nf) · u_nf ,  silu(g) = g·σ(g) ,  σ(g) = 1/(1 + e^{-g})   (out: [N, F])
+// σ is evaluated from e^{-|g|} ≤ 1, so no exponential overflows for any
+// finite g (σ → 0 or 1 without NaN); inputs must be finite.
+void swiglu_forward(float* out, const float* inp, int64_t N, int F);
+// dinp [N, 2F] is written (=): with σ = σ(g),
+//   dg = dout · u · σ·(1 + g·(1 - σ)) ;  du = dout · g·σ
+void swiglu_backward(float* dinp, const float* dout, const float* inp, int64_t N, int F);
+
+// ---- Rotary position embedding (RoPE, Llama) -----------------------------------------
+// HF's rotate-half convention (transformers' LlamaRotaryEmbedding and
+// apply_rotary_pos_emb): for head size hs (even) and i ∈ [0, hs/2),
+//   inv_freq_i = 1 / theta^(2i/hs) ;  a_pi = p · inv_freq_i   (position p)
+// and every head vector x = [x1, x2] (halves of hs/2) becomes
+//   x·cos + rotate_half(x)·sin ,  rotate_half(x) = [-x2, x1],  i.e.
+//   y1_i = x1_i·cos a_pi - x2_i·sin a_pi ;  y2_i = x2_i·cos a_pi + x1_i·sin a_pi
+// (cos and sin of the same angle for element i and i + hs/2).
+//
+// The table of cos/sin, built once per (head_size, max_positions, theta).
+// The angles are computed as HF and Meta's reference compute them, in f32:
+// inv_freq_i = f32(1 / f32(theta^f32(2i/hs))), a_pi = f32(p · inv_freq_i); cos
+// and sin of that f32 angle are then rounded from double. So a checkpoint
+// trained with HF sees the angles it was trained with; the exact angle
+// differs from them by up to p·2⁻²⁴ rad (docs/kernels.md).
+class RopeTable {
+ public:
+  RopeTable() = default;
+  // Refuses an odd head_size (the rotation pairs element i with i + hs/2),
+  // max_positions < 1, and theta that is not finite and > 0 (each with a
+  // lattice::Error naming the value).
+  RopeTable(int head_size, int max_positions, float theta);
+  // A moved-from table is empty (head_size() == 0), which rope_* refuse.
+  RopeTable(RopeTable&& o) noexcept { *this = std::move(o); }
+  RopeTable& operator=(RopeTable&& o) noexcept;
+
+  int head_size() const { return head_size_; }
+  int max_positions() const { return max_positions_; }
+  float theta() const { return theta_; }
+  // hs/2 values: cos a_pi (then sin a_pi at row + hs/2), for 0 ≤ p < max_positions.
+  const float* cos_row(int64_t p) const { return table_.as<float>() + p * head_size_; }
+  const float* sin_row(int64_t p) const { return cos_row(p) + head_size_ / 2; }
+  // inv_freq_i, the f32 value the table was built from (hs/2 values).
+  const float* inv_freq() const { return inv_freq_.as<float>(); }
+
+ private:
+  int head_size_ = 0, max_positions_ = 0;
+  float theta_ = 0;
+  Buffer table_;     // [max_positions, hs]: row p = cos a_p0..a_p(hs/2-1), then sin of the same (Workspace)
+  Buffer inv_freq_;  // [hs/2]
+};
+// Rotates, in place, n_heads consecutive heads of table.head_size() values at
+// the start of each row of x: row r = b·T + t (b < B, t < T) begins at
+// x + r·ld (ld ≥ n_heads·hs) and holds position first_position + t, which
+// must be below table.max_positions(). For attention's qkv [B, T, 3C] layout,
+// Q and K are the first 2C columns, so one call with x = qkv, ld = 3C,
+// n_heads = 2·NH rotates both (V is left alone); for decoding, B = 1, T = n
+// new rows, first_position = pos. Each row is independent: bitwise the same
+// for any thread count.
+void rope_forward(float* x, int64_t ld, const RopeTable& table, int B, int T, int n_heads, int first_position);
+// The transpose (= inverse) rotation, in place on the gradient: the forward
+// with -sin, i.e. dx1 = dy1·cos + dy2·sin ; dx2 = dy2·cos - dy1·sin.
+void rope_backward(float* dx, int64_t ld, const RopeTable& table, int B, int T, int n_heads, int first_position);
 
 // ---- Elementwise ----------------------------------------------------------------
 void residual_forward(float* out, const float* a, const float* b, int64_t n);  // out = a + b
