@@ -258,6 +258,60 @@ void BM_gelu(benchmark::State& state, bool backward, int threads) {
   report_bytes(state, 4.0 * n * (backward ? 3 : 2));
 }
 
+// The Llama kernels at the shapes of their GPT-2 124M counterparts: RMSNorm
+// as LayerNorm (N = 1024, C = 768); SwiGLU with F = 3072 outputs per row (as
+// GELU's 1024 x 3072); RoPE on Q and K of a qkv [4, 256, 3·768] (24 heads of 64).
+void BM_rmsnorm(benchmark::State& state, int which, int threads) {
+  set_threads(threads);
+  const int64_t N = kTokens;
+  const int C = 768;
+  auto x = random_vector(N * C, 1.0f, 20), w = random_vector(C, 1.0f, 21), dy = random_vector(N * C, 1.0f, 22);
+  std::vector<float> out(N * C), rstd(N), dx(N * C), dw(C);
+  k::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+  for (auto _ : state) {
+    if (which == 0) k::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+    if (which == 1)
+      k::rmsnorm_backward_input(dx.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C, /*accumulate=*/true);
+    if (which == 2) k::rmsnorm_backward_weight(dw.data(), dy.data(), x.data(), rstd.data(), N, C);
+    benchmark::ClobberMemory();
+  }
+  const double tensor = 4.0 * N * C;
+  report_bytes(state, which == 0 ? 2 * tensor : which == 1 ? 4 * tensor : 2 * tensor);
+}
+
+void BM_swiglu(benchmark::State& state, bool backward, int threads) {
+  set_threads(threads);
+  const int64_t N = kTokens;
+  const int F = 4 * 768;
+  auto inp = random_vector(N * 2 * F, 3.0f, 23), dy = random_vector(N * F, 1.0f, 24);
+  std::vector<float> out(N * F), dinp(N * 2 * F);
+  for (auto _ : state) {
+    if (backward)
+      k::swiglu_backward(dinp.data(), dy.data(), inp.data(), N, F);
+    else
+      k::swiglu_forward(out.data(), inp.data(), N, F);
+    benchmark::ClobberMemory();
+  }
+  const double outputs = 4.0 * N * F;
+  report_bytes(state, backward ? 5 * outputs : 3 * outputs);  // fwd: g, u, h ; bwd: g, u, dh, dg, du
+}
+
+void BM_rope(benchmark::State& state, bool backward, int threads) {
+  set_threads(threads);
+  const int B = 4, T = 256, C = 768, NH = 12, hs = C / NH;
+  const k::RopeTable table(hs, T, 10000.0f);
+  auto qkv = random_vector(static_cast<size_t>(B) * T * 3 * C, 1.0f, 25);
+  for (auto _ : state) {
+    // Forward then backward would undo each other; either alone keeps the values bounded (a rotation).
+    if (backward)
+      k::rope_backward(qkv.data(), 3 * C, table, B, T, 2 * NH, 0);
+    else
+      k::rope_forward(qkv.data(), 3 * C, table, B, T, 2 * NH, 0);
+    benchmark::ClobberMemory();
+  }
+  report_bytes(state, 4.0 * B * T * 2 * C * 2);  // Q and K read and written (the table stays in cache)
+}
+
 void BM_residual(benchmark::State& state, int threads) {
   set_threads(threads);
   const int64_t n = kTokens * 768;
@@ -393,6 +447,13 @@ void register_others() {
     add("layernorm_bwd_weight/N1024_C768", threads, BM_layernorm, 2);
     add("gelu_fwd/N1024x3072", threads, BM_gelu, false);
     add("gelu_bwd/N1024x3072", threads, BM_gelu, true);
+    add("rmsnorm_fwd/N1024_C768", threads, BM_rmsnorm, 0);
+    add("rmsnorm_bwd_input/N1024_C768", threads, BM_rmsnorm, 1);
+    add("rmsnorm_bwd_weight/N1024_C768", threads, BM_rmsnorm, 2);
+    add("swiglu_fwd/N1024_F3072", threads, BM_swiglu, false);
+    add("swiglu_bwd/N1024_F3072", threads, BM_swiglu, true);
+    add("rope_fwd/B4_T256_C768_NH12", threads, BM_rope, false);
+    add("rope_bwd/B4_T256_C768_NH12", threads, BM_rope, true);
     add("add_inplace/N1024x768", threads, BM_residual);
     add("crossentropy_fwd_bwd/N1024_V50257_Vp50304", threads, BM_crossentropy);
     add("adamw/124M", threads, BM_adamw);
