@@ -123,15 +123,7 @@ TEST(LayerNorm, KernelBackwardMatchesKernelFiniteDifferences) {
   };
   loss();
   layernorm_backward_input(dx.data(), R.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
-  for (int idx : {0, 7, 20, 47}) {
-    const float saved = x[idx], h = 1e-2f;
-    x[idx] = saved + h;
-    const double up = loss();
-    x[idx] = saved - h;
-    const double down = loss();
-    x[idx] = saved;
-    EXPECT_NEAR(dx[idx], (up - down) / (2 * h), 2e-3) << "element " << idx;
-  }
+  test::expect_float_finite_differences(x, {0, 7, 20, 47}, loss, dx.data(), 2e-3, "dx");
 }
 
 TEST(LayerNorm, ThreadCountIndependent) {

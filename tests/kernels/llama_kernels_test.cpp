@@ -175,24 +175,8 @@ TEST(RmsNorm, KernelBackwardMatchesKernelFiniteDifferences) {
   loss();
   rmsnorm_backward_input(dx.data(), R.data(), x.data(), w.data(), rstd.data(), N, C, false);
   rmsnorm_backward_weight(dw.data(), R.data(), x.data(), rstd.data(), N, C);
-  for (int idx : {0, 7, 20, 47}) {
-    const float saved = x[idx], h = 1e-2f;
-    x[idx] = saved + h;
-    const double up = loss();
-    x[idx] = saved - h;
-    const double down = loss();
-    x[idx] = saved;
-    EXPECT_NEAR(dx[idx], (up - down) / (2 * h), 1e-3) << "dx element " << idx;
-  }
-  for (int c : {0, 5, 15}) {
-    const float saved = w[c], h = 1e-2f;
-    w[c] = saved + h;
-    const double up = loss();
-    w[c] = saved - h;
-    const double down = loss();
-    w[c] = saved;
-    EXPECT_NEAR(dw[c], (up - down) / (2 * h), 1e-3) << "dw element " << c;  // linear in w: no truncation
-  }
+  test::expect_float_finite_differences(x, {0, 7, 20, 47}, loss, dx.data(), 1e-3, "dx");
+  test::expect_float_finite_differences(w, {0, 5, 15}, loss, dw.data(), 1e-3, "dw");  // linear in w: no truncation
 }
 
 TEST(RmsNorm, ThreadCountIndependent) {
@@ -297,15 +281,7 @@ TEST(SwiGlu, KernelBackwardMatchesKernelFiniteDifferences) {
     return s;
   };
   swiglu_backward(dinp.data(), R.data(), inp.data(), N, F);
-  for (int idx : {0, 4, 8, 9, 13, 17, 20, 30}) {
-    const float saved = inp[idx], h = 1e-2f;
-    inp[idx] = saved + h;
-    const double up = loss();
-    inp[idx] = saved - h;
-    const double down = loss();
-    inp[idx] = saved;
-    EXPECT_NEAR(dinp[idx], (up - down) / (2 * h), 1e-3) << "element " << idx;
-  }
+  test::expect_float_finite_differences(inp, {0, 4, 8, 9, 13, 17, 20, 30}, loss, dinp.data(), 1e-3, "dinp");
 }
 
 // No NaN or inf anywhere for huge finite gates; the limits are silu → g

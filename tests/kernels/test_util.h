@@ -79,6 +79,23 @@ inline std::vector<double> finite_difference(std::vector<double>& x, const std::
   return grad;
 }
 
+// The same for a float kernel at the given elements of x: each central
+// difference (f(x + h e_i) - f(x - h e_i)) / 2h is held to `atol` of
+// grad[i], the kernel's gradient. x is restored afterwards.
+inline void expect_float_finite_differences(std::vector<float>& x, const std::vector<int>& elements,
+                                            const std::function<double()>& f, const float* grad, double atol,
+                                            const std::string& what, float h = 1e-2f) {
+  for (int idx : elements) {
+    const float saved = x[idx];
+    x[idx] = saved + h;
+    const double up = f();
+    x[idx] = saved - h;
+    const double down = f();
+    x[idx] = saved;
+    EXPECT_NEAR(grad[idx], (up - down) / (2 * h), atol) << what << " element " << idx;
+  }
+}
+
 inline void expect_close_d(const std::vector<double>& got, const std::vector<double>& want, double atol, double rtol,
                            const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
