@@ -62,38 +62,35 @@ inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>&
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
 }
 
-// Central difference of a double-precision scalar function of x at every
-// element: (f(x + h e_i) - f(x - h e_i)) / 2h. x is restored afterwards.
+// Central difference of a scalar function f of x along element i:
+// (f(x + h e_i) - f(x - h e_i)) / 2h. x is restored afterwards.
+template <typename T>
+double central_difference(std::vector<T>& x, size_t i, const std::function<double()>& f, T h) {
+  const T saved = x[i];
+  x[i] = saved + h;
+  const double up = f();
+  x[i] = saved - h;
+  const double down = f();
+  x[i] = saved;
+  return (up - down) / (2 * static_cast<double>(h));
+}
+
+// The central difference of a double-precision function at every element.
 inline std::vector<double> finite_difference(std::vector<double>& x, const std::function<double()>& f,
                                              double h = 1e-6) {
   std::vector<double> grad(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + h;
-    const double up = f();
-    x[i] = saved - h;
-    const double down = f();
-    x[i] = saved;
-    grad[i] = (up - down) / (2 * h);
-  }
+  for (size_t i = 0; i < x.size(); ++i) grad[i] = central_difference(x, i, f, h);
   return grad;
 }
 
-// The same for a float kernel at the given elements of x: each central
-// difference (f(x + h e_i) - f(x - h e_i)) / 2h is held to `atol` of
-// grad[i], the kernel's gradient. x is restored afterwards.
+// A float kernel's gradient `grad` at the given elements of x, each held to
+// `atol` of the central difference of f.
 inline void expect_float_finite_differences(std::vector<float>& x, const std::vector<int>& elements,
                                             const std::function<double()>& f, const float* grad, double atol,
                                             const std::string& what, float h = 1e-2f) {
-  for (int idx : elements) {
-    const float saved = x[idx];
-    x[idx] = saved + h;
-    const double up = f();
-    x[idx] = saved - h;
-    const double down = f();
-    x[idx] = saved;
-    EXPECT_NEAR(grad[idx], (up - down) / (2 * h), atol) << what << " element " << idx;
-  }
+  for (int idx : elements)
+    EXPECT_NEAR(grad[idx], central_difference(x, static_cast<size_t>(idx), f, h), atol)
+        << what << " element " << idx;
 }
 
 inline void expect_close_d(const std::vector<double>& got, const std::vector<double>& want, double atol, double rtol,

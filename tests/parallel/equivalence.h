@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -137,16 +138,23 @@ inline bool same_params(const RunResult& a, const RunResult& b) {
   return true;
 }
 
+// A trainer for `c` on `ranks` (quiet) after `steps` steps.
+inline std::unique_ptr<train::Trainer> trained(const io::RunConfig& c, comm::Communicator& ranks, int steps) {
+  train::TrainerOptions o;
+  o.print = false;
+  o.ranks = &ranks;
+  auto t = std::make_unique<train::Trainer>(c, o);
+  for (int s = 0; s < steps; s++) t->train_step();
+  return t;
+}
+
 // Trains `c` on `ranks` for `steps` steps; returns the first parameter that
 // is whole on every TP rank (ShardSpec split_dim < 0) and whose values differ
 // between the TP ranks of this rank's model, or "" when there is none
 // (collective: every TP rank of a group walks the same parameters).
 inline std::string replicated_param_differing_over_tp(const io::RunConfig& c, comm::Communicator& ranks, int steps) {
-  train::TrainerOptions o;
-  o.print = false;
-  o.ranks = &ranks;
-  train::Trainer t(c, o);
-  for (int s = 0; s < steps; s++) t.train_step();
+  const std::unique_ptr<train::Trainer> trainer = trained(c, ranks, steps);
+  train::Trainer& t = *trainer;
   for (model::ParamGroup& g : t.model().groups())
     for (const model::ParamInfo& p : g.params()) {
       if (p.shard.split_dim >= 0) continue;
@@ -164,11 +172,8 @@ inline std::string replicated_param_differing_over_tp(const io::RunConfig& c, co
 // unlike comparing full_tensors(), which are gathered from one owner, this
 // sees a replica or a tied copy that drifted. Collective over `ranks`.
 inline std::string own_copies_differ(const io::RunConfig& c, comm::Communicator& ranks, int steps) {
-  train::TrainerOptions o;
-  o.print = false;
-  o.ranks = &ranks;
-  train::Trainer t(c, o);
-  for (int s = 0; s < steps; s++) t.train_step();
+  const std::unique_ptr<train::Trainer> trainer = trained(c, ranks, steps);
+  train::Trainer& t = *trainer;
   // Per group of the whole model: how many copies this rank holds and a
   // checksum of them (Σ (i + 1)·x_i in double); a rank holding two (ZB-V's
   // rank 0 with both tied copies) compares them here.
