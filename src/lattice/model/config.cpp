@@ -1,8 +1,53 @@
 #include "lattice/model/config.h"
 
+#include <cmath>
+
 #include "lattice/core/error.h"
 
 namespace lattice::model {
+
+const char* name_of(Family f) { return f == Family::GPT2 ? "gpt2" : "llama"; }
+const char* name_of(NormKind n) { return n == NormKind::LayerNorm ? "layernorm" : "rmsnorm"; }
+const char* name_of(MlpKind m) { return m == MlpKind::GELU ? "gelu" : "swiglu"; }
+const char* name_of(PositionKind p) { return p == PositionKind::Learned ? "learned" : "rope"; }
+
+template <typename E>
+static E parse_choice(const std::string& s, const char* key, E a, E b) {
+  if (s == name_of(a)) return a;
+  if (s == name_of(b)) return b;
+  throw Error(std::string(key) + " must be \"" + name_of(a) + "\" or \"" + name_of(b) + "\", got \"" + s + "\"");
+}
+
+Family parse_family(const std::string& s, const char* key) { return parse_choice(s, key, Family::GPT2, Family::Llama); }
+NormKind parse_norm(const std::string& s, const char* key) {
+  return parse_choice(s, key, NormKind::LayerNorm, NormKind::RMSNorm);
+}
+MlpKind parse_mlp(const std::string& s, const char* key) { return parse_choice(s, key, MlpKind::GELU, MlpKind::SwiGLU); }
+PositionKind parse_position(const std::string& s, const char* key) {
+  return parse_choice(s, key, PositionKind::Learned, PositionKind::Rope);
+}
+
+ModelConfig ModelConfig::defaults(Family family) {
+  ModelConfig c;
+  c.family = family;
+  if (family == Family::Llama) {
+    c.norm = NormKind::RMSNorm;
+    c.mlp = MlpKind::SwiGLU;
+    c.position = PositionKind::Rope;
+    c.bias = false;
+    c.tie_embeddings = false;
+  }
+  return c;
+}
+
+int ModelConfig::ffn() const {
+  if (ffn_hidden > 0) return ffn_hidden;
+  if (family == Family::GPT2) return 4 * n_embd;
+  // Llama: two thirds of 4C (SwiGLU has three matrices where GELU has two),
+  // rounded up to a multiple of 256 — 2048 at C = 768, 11008 at C = 4096.
+  const int64_t f = (8LL * n_embd / 3 + 255) / 256 * 256;
+  return static_cast<int>(f);
+}
 
 void ModelConfig::validate() const {
   LATTICE_CHECK(n_layer >= 1, "model.n_layer must be >= 1, got " << n_layer);
@@ -14,15 +59,50 @@ void ModelConfig::validate() const {
   LATTICE_CHECK(seq_len >= 1, "model.seq_len must be >= 1, got " << seq_len);
   LATTICE_CHECK(n_embd % n_head == 0,
                 "model.n_embd=" << n_embd << " is not divisible by model.n_head=" << n_head);
+  LATTICE_CHECK(n_kv_head >= 0, "model.n_kv_head must be >= 1 (or 0: model.n_head), got " << n_kv_head);
+  LATTICE_CHECK(n_head % kv_heads() == 0, "model.n_head=" << n_head << " is not a multiple of model.n_kv_head="
+                                                          << kv_heads()
+                                                          << ": each key/value head serves a whole group of query heads");
+  LATTICE_CHECK(ffn_hidden >= 0, "model.ffn_hidden must be >= 1 (or 0: the family's default), got " << ffn_hidden);
+  LATTICE_CHECK(std::isfinite(norm_eps) && norm_eps > 0 && norm_eps < 1,
+                "model.norm_eps must be in (0, 1), got " << norm_eps);
+  if (position == PositionKind::Rope) {
+    LATTICE_CHECK(head_size() % 2 == 0, "model.position = \"rope\" needs an even head size, but model.n_embd="
+                                            << n_embd << " / model.n_head=" << n_head << " = " << head_size()
+                                            << " (the rotation pairs element i with i + head_size/2)");
+    LATTICE_CHECK(std::isfinite(rope_theta) && rope_theta > 0,
+                  "model.rope_theta must be a finite number > 0, got " << rope_theta);
+  }
+  if (family == Family::GPT2) {
+    LATTICE_CHECK(kv_heads() == n_head, "model.n_kv_head=" << kv_heads() << " differs from model.n_head=" << n_head
+                                                           << ", but model.family = \"gpt2\" keeps Q, K and V of "
+                                                              "equal width in one attn.c_attn; grouped-query "
+                                                              "attention needs model.family = \"llama\"");
+    LATTICE_CHECK(mlp == MlpKind::GELU, "model.mlp = \"swiglu\" needs model.family = \"llama\" (GPT-2's c_fc and "
+                                        "c_proj have no gate projection to name)");
+  }
 }
 
 int64_t ModelConfig::num_params() const {
-  int64_t C = n_embd, L = n_layer;
-  return static_cast<int64_t>(vocab_size) * C + static_cast<int64_t>(seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C;
+  const int64_t C = n_embd, L = n_layer, V = vocab_size, F = ffn();
+  const int64_t q = q_width(), kv = kv_width();
+  const int64_t b = bias ? 1 : 0;
+  const int64_t norm_params = norm == NormKind::LayerNorm ? 2 * C : C;
+  const int64_t attn = C * (q + 2 * kv) + b * (q + 2 * kv) + q * C + b * C;
+  const int64_t up = mlp == MlpKind::SwiGLU ? 2 * F : F;
+  const int64_t mlp_params = C * up + b * up + F * C + b * C;
+  const int64_t block = 2 * norm_params + attn + mlp_params;
+  const int64_t embeddings = V * C * (tie_embeddings ? 1 : 2) + (learned_positions() ? int64_t{seq_len} * C : 0);
+  return embeddings + L * block + norm_params;
+}
+
+int64_t ModelConfig::lookup_params() const {
+  const int64_t C = n_embd;
+  return (learned_positions() ? int64_t{seq_len} * C : 0) + (tie_embeddings ? 0 : int64_t{vocab_size} * C);
 }
 
 double ModelConfig::flops_per_token(int T) const {
-  const double n = static_cast<double>(num_params() - static_cast<int64_t>(seq_len) * n_embd);
+  const double n = static_cast<double>(num_params() - lookup_params());
   return 6.0 * n + 12.0 * n_layer * static_cast<double>(n_embd) * T;
 }
 
