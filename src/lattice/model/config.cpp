@@ -83,6 +83,19 @@ void ModelConfig::validate() const {
   }
 }
 
+void ModelConfig::check_tensor_parallel(int t) const {
+  LATTICE_CHECK(t >= 1, "parallel.tp must be >= 1, got " << t);
+  LATTICE_CHECK(n_head % t == 0, "parallel.tp=" << t << " must divide model.n_head=" << n_head
+                                                << ": attention is split by whole query heads");
+  LATTICE_CHECK(kv_heads() % t == 0 || t % kv_heads() == 0,
+                "parallel.tp=" << t << " must divide model.n_kv_head=" << kv_heads()
+                               << " or be a multiple of it: key/value heads are split whole, or each kept whole "
+                                  "on the ranks of its query heads");
+  LATTICE_CHECK(ffn() % t == 0, "parallel.tp=" << t << " must divide the MLP's hidden width " << ffn()
+                                               << (ffn_hidden > 0 ? " (model.ffn_hidden)" : " (the family's default of model.ffn_hidden)")
+                                               << ": it is split by columns");
+}
+
 int64_t ModelConfig::num_params() const {
   const int64_t C = n_embd, L = n_layer, V = vocab_size, F = ffn();
   const int64_t q = q_width(), kv = kv_width();

@@ -71,6 +71,12 @@ struct ModelConfig {
   // family model with grouped heads or a SwiGLU MLP (GPT-2's fused c_attn and
   // c_fc have no place for them: use model.family = "llama"), ...
   void validate() const;
+  // Throws lattice::Error naming the keys when tensor parallelism over t
+  // ranks cannot cut this model: t must divide n_head (query heads are split
+  // whole) and ffn() (the MLP's hidden columns), and either divide n_kv_head
+  // (key/value heads split) or be a multiple of it (each key/value head kept
+  // whole on the t / n_kv_head ranks of its query heads).
+  void check_tensor_parallel(int t) const;
 
   // Parameters of the logical model, a tied embedding counted once, without
   // the vocabulary padding.
