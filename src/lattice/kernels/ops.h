@@ -111,11 +111,13 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
 // dwte[tokens[b,t], :] += dout[b,t,:] (negative tokens skipped) ; dwpe[t,:] += sum_b dout[b,t,:]
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
 
-// ---- LayerNorm (eps = 1e-5) -------------------------------------------------
+// ---- LayerNorm ---------------------------------------------------------------
 // mean_i = (1/C) Σ_c x_ic ; rstd_i = 1/sqrt((1/C) Σ_c (x_ic - mean_i)² + eps)
 // out_ic = (x_ic - mean_i) · rstd_i · w_c + b_c        (mean, rstd: [N])
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int64_t N, int C);
+// eps > 0 (GPT-2 and torch.nn.LayerNorm use 1e-5, the default; a config's
+// norm_eps may say otherwise). The backward reads eps only through rstd.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int64_t N, int C, float eps = 1e-5f);
 // With x̂ = (x - mean)·rstd and g = dout ⊙ w:
 // dinp_ic += rstd_i · (g_ic - mean_c(g_i) - x̂_ic · mean_c(g_i ⊙ x̂_i))   (ACCUMULATES into dinp)
 void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* weight,
