@@ -77,54 +77,12 @@ def lattice_model_keys(cfg):
 
 
 def run(cfg, dtype, tokens, out_dir=None):
-    """Trains recipe.STEPS steps; writes the safetensors files when out_dir is given.
-    Returns (record, model, gradients of the first step)."""
+    """Trains recipe.STEPS steps (make_parity_fixture.train); writes the
+    safetensors files when out_dir is given. Returns (record, model, gradients
+    of the first step)."""
     model = ref.build_model(cfg, dtype)
     ref.init_params(model, seed=PARAM_SEED)
-    if out_dir:
-        ref.save_safetensors(model, os.path.join(out_dir, "init.safetensors"),
-                             {"what": "llama parity fixture: parameters before step 0"})
-
-    decay = [p for n, p in model.named_parameters() if ref.is_decayed(n, p)]
-    no_decay = [p for n, p in model.named_parameters() if not ref.is_decayed(n, p)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.WEIGHT_DECAY},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=recipe.MAX_LR, betas=recipe.BETAS, eps=recipe.EPS, foreach=False, amsgrad=False)
-
-    A = recipe.GRAD_ACCUM
-    rec = {"loss": [], "micro_losses": [], "grad_norm": [], "clip_scale": [], "clipped": [], "lr": []}
-    for s in range(recipe.STEPS):
-        opt.zero_grad(set_to_none=True)
-        micro = []
-        for m in range(A):
-            loss = ref.forward_loss(model, tokens[m][:, :-1], tokens[m][:, 1:])
-            (loss / A).backward()
-            micro.append(loss.item())
-        if s == 0:
-            first_grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-            if out_dir:
-                ref.save_safetensors(model, os.path.join(out_dir, "grads_step1.safetensors"),
-                                     {"what": "accumulated gradient of the first step (s=0), before clipping"},
-                                     grads=True)
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.GRAD_CLIP).item()
-        scale = recipe.GRAD_CLIP / (norm + 1e-6)
-        lr = recipe.lr_at(s)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        opt.step()
-        rec["loss"].append(sum(micro) / A)
-        rec["micro_losses"].append(micro)
-        rec["grad_norm"].append(norm)
-        rec["clip_scale"].append(min(scale, 1.0))
-        rec["clipped"].append(scale < 1.0)
-        rec["lr"].append(lr)
-    with torch.no_grad():
-        rec["final_micro_losses"] = [ref.forward_loss(model, tokens[m][:, :-1], tokens[m][:, 1:]).item()
-                                     for m in range(A)]
-    if out_dir:
-        ref.save_safetensors(model, os.path.join(out_dir, "final.safetensors"),
-                             {"what": f"llama parity fixture: parameters after {recipe.STEPS} steps"})
-    return rec, model, first_grads
+    return recipe.train(model, ref, tokens, out_dir, "llama parity fixture")
 
 
 def compare(a, b):

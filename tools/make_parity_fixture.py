@@ -81,9 +81,19 @@ def run(dtype, tokens, out_dir=None):
     cfg = ref.GPT2Config(**CONFIG)
     model = ref.build_model(cfg, dtype)
     ref.init_params(model, seed=PARAM_SEED)
+    return train(model, ref, tokens, out_dir, "parity fixture")
+
+
+def train(model, reference, tokens, out_dir, what):
+    """The recipe on `model` (any reference module's: its save_safetensors,
+    is_decayed and forward_loss), from its initial values: STEPS AdamW steps of
+    GRAD_ACCUM micro-batches, clipped. Writes init, first-step gradients and
+    final parameters to out_dir when given; `what` names the fixture in their
+    metadata. Returns (record, model, gradients of the first step)."""
+    ref = reference
     if out_dir:
         ref.save_safetensors(model, os.path.join(out_dir, "init.safetensors"),
-                             {"what": "parity fixture: parameters before step 0"})
+                             {"what": f"{what}: parameters before step 0"})
 
     decay = [p for n, p in model.named_parameters() if ref.is_decayed(n, p)]
     no_decay = [p for n, p in model.named_parameters() if not ref.is_decayed(n, p)]
@@ -123,7 +133,7 @@ def run(dtype, tokens, out_dir=None):
                                      for m in range(GRAD_ACCUM)]
     if out_dir:
         ref.save_safetensors(model, os.path.join(out_dir, "final.safetensors"),
-                             {"what": f"parity fixture: parameters after {STEPS} steps"})
+                             {"what": f"{what}: parameters after {STEPS} steps"})
     return rec, model, first_grads
 
 
