@@ -102,8 +102,11 @@ def check_fixture(ref, fixture_maker, recipe, torch, d):
              for f in ("init.safetensors", "grads_step1.safetensors", "final.safetensors")}
     for n, p in init.named_parameters():
         check(torch.equal(p.detach(), files["init.safetensors"][n]), f"{name}: init {n} differs")
+    # (Bitwise on the BLAS that made the files; another BLAS — PyTorch on
+    # OpenBLAS or the reference — sums the GEMMs in another order: fp32
+    # rounding, measured up to 1.5e-8 absolute, well inside parity_test's 1e-6.)
     for n, p in model.named_parameters():
-        check((grads[n] - files["grads_step1.safetensors"][n]).abs().max().item() < 1e-9, f"{name}: grad {n}")
+        check((grads[n] - files["grads_step1.safetensors"][n]).abs().max().item() < 1e-7, f"{name}: grad {n}")
         check((p.detach() - files["final.safetensors"][n]).abs().max().item() < 3e-4, f"{name}: final {n}")
 
     # eval on the final weights reproduces loss_after_final, row by row.
