@@ -9,6 +9,7 @@
 #include "lattice/io/safetensors.h"
 #include "lattice/parallel/data/data_parallel.h"
 #include "lattice/layers/tensor/tensor_parallel.h"
+#include "lattice/train/hf_config.h"
 #include "lattice/train/model_io.h"
 #include "lattice/train/trainer.h"
 
@@ -172,6 +173,8 @@ std::string Trainer::save_checkpoint() {
   if (!is_root_) return "";
   files[0]->finish();
   files[1]->finish();
+  // model.safetensors + config.json make the step directory a Hugging Face model directory.
+  w->write_file("config.json", hf_config_json(model_config_));
   io::JsonValue meta = io::JsonValue::object();
   meta.set("config", io::JsonValue::string(io::config_to_toml(config_)));
   meta.set("adam_steps", io::JsonValue::integer(optimizer().steps_taken()));
@@ -262,39 +265,45 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
 
 std::unique_ptr<model::GPT> load_model_for_inference(const std::string& path, int n_head_hint) {
   LATTICE_CHECK(fs::exists(path), "checkpoint path '" << path << "' does not exist");
-  if (fs::is_directory(path)) {
-    std::string step_dir = io::resolve_checkpoint(path);
-    io::verify_checkpoint(step_dir);
-    io::JsonValue meta = io::read_checkpoint_meta(step_dir);
-    io::RunConfig cfg = io::parse_saved_config(meta.at("config").as_string(), step_dir + "/meta.json config");
-    auto gpt = std::make_unique<model::GPT>(model_config_of(cfg.model), model::GPT::NoInit{});
-    load_model_safetensors(*gpt, params_of(*gpt), (fs::path(step_dir) / "model.safetensors").string());
-    return gpt;
-  }
-  // A bare safetensors file: read the shape off the tensors.
+  const std::string what = "'" + path + "'";
+  const HfModelFiles files = find_hf_model(path, what);
   model::ModelConfig mc;
-  {
-    io::SafeTensorsReader r(path);
+  if (!files.config_json.empty()) {
+    mc = read_hf_config(files.config_json);
+  } else if (!files.step_dir.empty()) {
+    // A checkpoint from before config.json was written: its run config.
+    io::JsonValue meta = io::read_checkpoint_meta(files.step_dir);
+    io::RunConfig cfg = io::parse_saved_config(meta.at("config").as_string(), files.step_dir + "/meta.json config");
+    mc = model_config_of(cfg.model);
+  } else {
+    // A bare GPT-2 safetensors file: read the shape off the tensors.
+    io::SafeTensorsReader r(files.safetensors);
+    check_tensor_family(r, model::Family::GPT2, what);
     auto find = [&r](const std::string& name) { return find_hf_tensor(r, name); };
     const io::TensorEntry* wte = find("wte.weight");
     const io::TensorEntry* wpe = find("wpe.weight");
     LATTICE_CHECK(wte && wpe && wte->shape.size() == 2 && wpe->shape.size() == 2,
-                  "'" << path << "' is not a GPT-2 model file: it needs 2-D wte.weight and wpe.weight");
+                  what << " is not a GPT-2 model file: it needs 2-D wte.weight and wpe.weight (a model of other "
+                          "parts needs its config.json beside it)");
     mc.vocab_size = static_cast<int>(wte->shape[0]);
     mc.n_embd = static_cast<int>(wte->shape[1]);
     mc.seq_len = static_cast<int>(wpe->shape[0]);
     mc.n_layer = 0;
     while (find("h." + std::to_string(mc.n_layer) + ".ln_1.weight")) mc.n_layer++;
+    mc.tie_embeddings = find("lm_head.weight") == nullptr;
     auto it = r.metadata().find("n_head");
     if (it != r.metadata().end()) {
       mc.n_head = std::atoi(it->second.c_str());
     } else {
-      LATTICE_CHECK(n_head_hint > 0, "'" << path << "' does not record n_head in its metadata: pass --n-head (12 for GPT-2 124M)");
+      LATTICE_CHECK(n_head_hint > 0,
+                    what << " does not record n_head in its metadata: pass --n-head (12 for GPT-2 124M)");
       mc.n_head = n_head_hint;
     }
   }
+  io::SafeTensorsReader r(files.safetensors);
+  check_tensor_family(r, mc.family, what);
   auto gpt = std::make_unique<model::GPT>(mc, model::GPT::NoInit{});
-  load_model_safetensors(*gpt, params_of(*gpt), path);
+  import_hf(*gpt, params_of(*gpt), safetensors_source(r, files.safetensors));
   return gpt;
 }
 
