@@ -109,6 +109,7 @@ size_t gemm_constant_bytes();
 // wpe may be null: no position term.
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C);
 // dwte[tokens[b,t], :] += dout[b,t,:] (negative tokens skipped) ; dwpe[t,:] += sum_b dout[b,t,:]
+// (dwpe may be null: no position embedding)
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
 
 // ---- LayerNorm (eps = 1e-5) -------------------------------------------------

@@ -1,13 +1,21 @@
-// GPT: token + position embedding → n_layer pre-LayerNorm blocks → final
-// LayerNorm → LM head tied to the token embedding → softmax cross-entropy.
+// GPT: a decoder-only transformer of either family (model/config.h), built
+// from parts (model/parts/):
 //
-//   x₀      = wte[tokens] + wpe[positions]
-//   r_l     = x_l + Attn(LN₁(x_l))            (causal, n_head heads, fused QKV)
-//   x_{l+1} = r_l + MLP(LN₂(r_l))             (C → 4C → GELU(tanh) → C)
-//   logits  = LN_f(x_L) · wteᵀ ;  loss = mean CE(logits, targets)
+//   x₀      = embed[tokens] (+ wpe[positions], learned positions only)
+//   r_l     = x_l + Attn(Norm₁(x_l))          (causal; rotary or no positions; grouped heads)
+//   x_{l+1} = r_l + MLP(Norm₂(r_l))           (GELU or SwiGLU)
+//   logits  = Norm_f(x_L) · Wᵀ ;  loss = mean CE(logits, targets)
 //
-// Forward and backward are written out by hand (gpt.cpp), llm.c style, over
-// the kernels of lattice/kernels/ops.h.
+// with W the token embedding (tied head) or lm_head. Each part — the norm,
+// the attention, the MLP, the embedding and head (model/head.h) — has its
+// math in its own file and the same contract: forward, backward-input,
+// backward-weight, with its parameters and activations given explicitly;
+// this class composes them and does what is the same for every part: the
+// parameter groups and their hooks (data parallelism, ZeRO), the pipeline
+// stage, tensor/sequence parallelism's row slices, and the activations of the
+// micro-batches in flight (model/activations.h, 16-bit storage included).
+// Forward and backward are written out by hand, llm.c style, over the
+// kernels of lattice/kernels/ops.h.
 //
 // Activations live in per-micro-batch *slots*: forward(slot) stores what the
 // backward of that micro-batch needs, so several micro-batches can be in
@@ -19,28 +27,33 @@
 //
 // Pipeline parallelism: a GPT built with StageLayers holds and runs only
 // layers [first, last) — the first stage also the embedding, the last the
-// final LayerNorm, the tied LM head and the loss; both of those hold the
-// embedding group (the tied wte: the lookup's and the head's shares of its
-// gradient are summed between them, Megatron's embedding group). A stage
-// takes its input activation (not the first) and gives its output (not the
-// last); in backward it takes the output's gradient and gives the input's.
+// final norm, the head and the loss. With a tied head both hold the
+// embedding group (the lookup's and the head's shares of its gradient are
+// summed between them, Megatron's embedding group); an untied head lives in
+// the final group. A stage takes its input activation (not the first) and
+// gives its output (not the last); in backward it takes the output's
+// gradient and gives the input's.
 //
-// Tensor parallelism (parallel/tensor/tensor_parallel.h): given a TP group,
-// the model declares only its slice of each parameter (ShardSpecs: c_attn by
-// heads of Q, K and V, c_fc by output rows, both c_proj by input columns, wte
-// by vocabulary rows; LayerNorms, row-parallel biases and wpe replicated) and
-// every size it works with — heads, 4C/t, the vocabulary range — comes from
-// those slices. The block code calls the column- and row-parallel layers,
-// which communicate; with sequence parallelism the residual stream and the
-// LayerNorm inputs and outputs hold this rank's rows only.
+// Tensor parallelism (layers/tensor/tensor_parallel.h): given a TP group,
+// the model declares only its slice of each parameter (ShardSpecs: the qkv
+// projection by heads, the MLP's first projection by output rows, both
+// output projections by input columns, the embedding and head by vocabulary
+// rows; norms, row-parallel biases and wpe replicated; key/value heads split
+// or replicated, parts/attention.h) and every size it works with comes from
+// those slices. With sequence parallelism the residual stream and the norms'
+// inputs and outputs hold this rank's rows only.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
+#include "lattice/kernels/ops.h"
 #include "lattice/model/config.h"
+#include "lattice/model/head.h"
 #include "lattice/model/param_group.h"
+#include "lattice/model/parts/norm.h"
 
 namespace lattice::tensor {
 class TensorParallel;
@@ -48,54 +61,34 @@ class TensorParallel;
 
 namespace lattice::model {
 
-struct Slot;         // one micro-batch's activations (gpt.cpp)
-struct CarveSizes;   // the sizes its buffers are carved with (gpt.cpp)
-struct LayerActs;    // one layer's stored activations (gpt.cpp)
-struct Work16;       // the f32 arrays of 16-bit activation storage (gpt.cpp)
-struct DecodeState;  // the key/value cache of decode() (gpt.cpp)
+struct Slot;         // one micro-batch's activations (activations.h)
+struct CarveSizes;   // the sizes its buffers are carved with (activations.h)
+struct LayerActs;    // one layer's stored activations (activations.h)
+struct Work16;       // the f32 arrays of 16-bit activation storage (activations.h)
+struct DecodeState;  // the key/value cache of decode() (decode.cpp)
+namespace parts {
+class Attention;
+class Mlp;
+}  // namespace parts
 
 // What the model tells the parallel layers about its parameter groups as it
 // runs, so that data parallelism and ZeRO act at the right moments without
 // any of their code inside the model. Group indices are those of
 // GPT::groups(). Every method may block (e.g. to wait for a gather).
 //
-// Order of the calls (emb = embedding group 0, h_l = block l + 1, ln_f last):
+// Order of the calls (emb = embedding group 0, h_l = block l + 1, ln_f = the
+// final group, last; "(emb)" only with a tied head, whose weight is emb's):
 //   forward   before_params(emb), then per block before_params(h_l)
 //             after_params(h_l), before/after_params(ln_f), and after_params(emb)
-//             once the head has used the tied wte
-//   backward  before_params(emb, ln_f), after_params(emb, ln_f) around the
-//             head's input gradient; before_grads(emb, ln_f), grads_done(ln_f)
+//             once the head has used the tied wte (untied: after the lookup;
+//             ln_f's after the head)
+//   backward  before_params((emb), ln_f), after_params((emb), ln_f) around the
+//             head's input gradient; before_grads((emb), ln_f), grads_done(ln_f)
 //             around its weight gradients; per block from the last:
 //             before/after_params(h_l), before_grads(h_l), grads_done(h_l);
 //             grads_done(emb) after the embedding's scatter-add, last.
 // backward_input / backward_weight split the backward: parameters are read
 // in backward_input only, gradients are written in backward_weight.
-// The five things the model does with its tied token embedding (wte, shared
-// by the input lookup and the LM head) and the position embedding wpe. The
-// model has its own implementation over the embedding group's buffers;
-// ZeRO-2/3 install one that works on a sharded embedding (piece by piece,
-// never holding the whole table: parallel/zero/sharded_embedding.h), and the
-// vocabulary-parallel embedding of tensor parallelism works through either:
-// the model maps token ids to rows of this rank's wte slice (Vw rows below:
-// the whole padded vocabulary on one process), a negative row meaning a token
-// another rank holds, and sums the ranks' lookups (tensor/vocab_parallel.h).
-class TiedEmbedding {
- public:
-  virtual ~TiedEmbedding() = default;
-  // x[b,t,:] = wte[rows[b,t]] (0 for a negative row) + wpe[first_position + t]
-  // (only with `positions`)                                        x: [B·T, C]
-  virtual void lookup(float* x, const int32_t* rows, int B, int T, int first_position, bool positions) = 0;
-  // logits[i, 0:Vw] = lnf_i · wteᵀ for `rows` rows of lnf (leading dimension
-  // ld); logits has leading dimension Vw.
-  virtual void head_forward(float* logits, const float* lnf, int64_t rows, int64_t ld) = 0;
-  // dlnf[N, C] = dlogits[N, Vw] · wte   (written)
-  virtual void head_backward_input(float* dlnf, const float* dlogits, int64_t N) = 0;
-  // d wte (+)= dlogitsᵀ · lnf   (the head's share of wte's gradient)
-  virtual void head_backward_weight(const float* dlogits, const float* lnf, int64_t N) = 0;
-  // d wte[rows[b,t]] += dx[b,t,:] (negative rows skipped) ;  d wpe[t] (+)= Σ_b dx[b,t,:]
-  virtual void lookup_backward(const float* dx, const int32_t* rows, int B, int T) = 0;
-};
-
 class GroupHooks {
  public:
   enum class Pass { Forward, Backward };
@@ -153,11 +146,14 @@ class GPT {
   // and here (its slice: the width of the logits forward() computes).
   int wte_rows() const { return vocab_full_; }
   int local_vocab() const { return dims_.V; }
-  // Groups in order: "embedding" (wte, wpe; first and last stage), the
-  // stage's blocks "h.{first}" ... "h.{last-1}", "ln_f" (last stage).
+  // Groups in order: "embedding" (the token embedding and wpe; the first
+  // stage, and the last when the head is tied), the stage's blocks (GPT-2
+  // "h.{l}", Llama "model.layers.{l}"), the final group (last stage: the
+  // final norm, and lm_head when untied; GPT-2 "ln_f", Llama "model.norm").
   std::vector<ParamGroup>& groups() { return groups_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
-  bool has_embedding() const { return first_stage() || last_stage(); }
+  bool has_embedding() const { return first_stage() || (last_stage() && config_.tie_embeddings); }
+  bool tied_head() const { return config_.tie_embeddings; }
   ParamGroup& embedding_group() { return groups_.front(); }
   ParamGroup& block_group(int layer) { return groups_[block_index(layer)]; }  // a layer of this stage
   ParamGroup& final_group() { return groups_.back(); }
@@ -167,7 +163,7 @@ class GPT {
   // only; under tensor parallelism a parameter whole on every TP rank
   // (LayerNorms, row-parallel biases, wpe) on TP rank 0 only, slices everywhere.
   bool counts_in_norm(size_t group, const ParamInfo& info) const;
-  // Finds a parameter by HF name: its group and index, or {nullptr, 0}.
+  // Finds a parameter by name (HF GPT-2's or HF Llama's, by family): its group and index, or {nullptr, 0}.
   std::pair<ParamGroup*, size_t> find_param(const std::string& name);
 
   // Training forward of one micro-batch of B sequences of T tokens
@@ -270,11 +266,16 @@ class GPT {
   // This rank's sizes: the slices of tensor parallelism (the whole model
   // without it). C is never cut; the residual stream keeps `rows(N)` rows.
   struct Dims {
-    int C = 0;   // n_embd
-    int NH = 0;  // attention heads here
-    int A = 0;   // attention width here, NH·head_size (C/t)
-    int F = 0;   // MLP hidden width here (4C/t)
-    int V = 0;   // vocabulary rows of wte here (padded vocabulary / t)
+    int C = 0;    // n_embd
+    int NH = 0;   // query heads here
+    int NKV = 0;  // key/value heads here
+    int hs = 0;   // head size
+    int kv_replicas = 1;  // ranks that hold each key/value head here (parts/attention.h)
+    int A = 0;    // attention width here, NH·hs (C/t)
+    int QKV = 0;  // the qkv projection's width here, (NH + 2·NKV)·hs
+    int F = 0;    // MLP hidden width here (ffn/t)
+    int FU = 0;   // the MLP's first projection's width here (F; SwiGLU 2F)
+    int V = 0;    // vocabulary rows of the embedding and head here (padded vocabulary / t)
   };
   const Dims& dims() const { return dims_; }
 
@@ -282,15 +283,39 @@ class GPT {
   struct Build {};
   GPT(Build, const ModelConfig& config, const uint64_t* seed, bool allocate, tensor::TensorParallel* tp,
       StageLayers stage);  // seed null: no init
+  // Where each part's parameters sit in a block group, the embedding group and
+  // the final group (the same for every block; declare.cpp).
+  struct Layout {
+    size_t norm1 = 0, norm2 = 0;  // weight (LayerNorm: bias next)
+    size_t qkv_w = 0, qkv_n = 1;  // the attention's projection, packed (parts/linear.h)
+    int qkv_b = -1;
+    size_t out_w = 0;
+    int out_b = -1;
+    size_t up_w = 0, up_n = 1;  // the MLP's first projection (SwiGLU: gate | up)
+    int up_b = -1;
+    size_t down_w = 0;
+    int down_b = -1;
+    size_t wte = 0;
+    int wpe = -1;  // learned positions only
+    size_t norm_f = 0;
+    int lm_head = -1;  // in the final group, untied only
+  };
+  // Declares every parameter group of this stage (declare.cpp).
+  void declare_params();
   int local_layers() const { return last_layer_ - first_layer_; }
   // Under TP: rows kept between the parallel regions, and the first of them.
   int64_t rows(int64_t N) const;
   int64_t first_row(int64_t N) const;
+  // The block's parts over block group g (this rank's slices).
+  parts::Attention attention(ParamGroup& g);
+  parts::Mlp mlp(ParamGroup& g);
+  // The head: the tied embedding's, or the untied lm_head of the final group.
+  HeadOps& head();
+  size_t head_index() const { return tied_head() ? embedding_index() : final_index(); }
   // Cross-entropy of N rows of logits into losses (dlogits in place with `backward`).
   void loss(float* logits, float* losses, const int32_t* targets, int64_t N, bool backward, float dloss);
   void head_and_loss(Slot& s, const int32_t* targets, bool backward, float dloss);
-  template <typename Fn>
-  void for_dlogits(Slot& s, Fn fn);
+  void for_dlogits(Slot& s, const std::function<void(const float*, int64_t, int64_t)>& fn);
   void check_one_process(const char* what) const;
   void check_f32(const char* what) const;
   CarveSizes sizes_for(int64_t N) const;
@@ -306,19 +331,20 @@ class GPT {
   const float* x_of(Slot& s, int i);
   const float* lnf_of(Slot& s);
   CarveSizes grad_sizes(const Slot& s, bool capacity = false) const;
-  // Sums partial LayerNorm weight gradients over the TP group (sequence
-  // parallelism: each rank saw its rows only), then stores them in g.
-  void layernorm_weight_grads_sp(ParamGroup& g, int w, int b, const float* dout, const float* inp,
-                                 const float* mean, const float* rstd, int64_t rows, float* scratch);
   Slot& slot(int index, int B, int T);
   // Slot 0 when no micro-batch is in flight there, else a separate one.
   Slot& inference_slot(int B, int T);
-  // The forward through the blocks and the final LayerNorm into s.
+  // One block on N rows from x into x_next (which may be x), keeping its
+  // intermediates in a; `attend` fills a.atty from a.qkv (gpt.cpp).
+  void block_forward(ParamGroup& g, const LayerActs& a, const float* x, float* x_next, int B, int T,
+                     int first_position, float* work, DType q, const std::function<void()>& attend);
+  // The forward through the blocks and the final norm into s.
   void forward_body(Slot& s, const int32_t* inputs, const float* input);
+  void final_norm(Slot& s);
   void layer_backward_input(Slot& s, int l);
   void layer_backward_weight(Slot& s, int l);
-  void head_backward_input(Slot& s, bool with_wte = false);
-  void head_backward_weight(Slot& s, bool wte_done = false);
+  void head_backward_input(Slot& s, bool with_head_weight = false);
+  void head_backward_weight(Slot& s, bool head_weight_done = false);
   void head_recomputed_with_hooks(Slot& s);
   void head_input_with_hooks(Slot& s);
   void head_weight_with_hooks(Slot& s);
@@ -329,16 +355,16 @@ class GPT {
   void grads_in(size_t g);
   void grads_out(size_t g);
   void embedding_backward_weight(Slot& s);
-  void linear_weight_grads(ParamGroup& g, int w, int b, const float* dout, const float* inp, int64_t N, int IC, int OC);
-  void layernorm_weight_grads(ParamGroup& g, int w, int b, const float* dout, const float* inp, const float* mean,
-                              const float* rstd, int64_t N);
 
   ModelConfig config_;
   tensor::TensorParallel* tp_ = nullptr;
   int first_layer_ = 0, last_layer_ = 0;
   Dims dims_;
+  Layout layout_;
+  parts::Norm norm_;
+  kernels::RopeTable rope_;  // rotary positions only
   int vocab_full_ = 0;
-  int64_t vocab_first_ = 0;  // first vocabulary id of this rank's wte rows
+  int64_t vocab_first_ = 0;  // first vocabulary id of this rank's embedding rows
   int vocab_real_ = 0;       // of which real (ids < vocab_size)
   std::vector<ParamGroup> groups_;
   std::vector<std::unique_ptr<Slot>> slots_;
@@ -349,6 +375,8 @@ class GPT {
   GroupHooks* hooks_ = nullptr;
   std::unique_ptr<TiedEmbedding> own_embedding_;
   TiedEmbedding* custom_embedding_ = nullptr;
+  std::unique_ptr<LocalHead> untied_head_;
+  std::vector<float> kv_scratch_;  // replicated key/value heads' gradient sums (parts/attention.h)
   TiedEmbedding& tied() { return custom_embedding_ ? *custom_embedding_ : *own_embedding_; }
 };
 

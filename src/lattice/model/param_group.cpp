@@ -45,14 +45,15 @@ void assemble_full(const ParamInfo& p, const std::vector<const float*>& slices, 
     std::copy(slices[0], slices[0] + p.numel(), full);
     return;
   }
-  LATTICE_CHECK(static_cast<int>(slices.size()) == p.shard.num_shards,
+  const int replicas = p.shard.replicas;
+  LATTICE_CHECK(static_cast<int>(slices.size()) == p.shard.num_shards * replicas,
                 "assemble_full(" << p.name << "): " << slices.size() << " slices for " << p.shard.num_shards
-                                 << " shards");
+                                 << " shards x " << replicas << " replicas");
   const int64_t n = p.numel();
   for (int r = 0; r < p.shard.num_shards; r++) {
     ShardSpec spec = p.shard;
     spec.shard_index = r;
-    const float* src = slices[r];
+    const float* src = slices[static_cast<size_t>(r) * replicas];
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) full[spec.full_index(p.full_shape, p.shape, i)] = src[i];
   }
@@ -67,9 +68,12 @@ void extract_slice(const ParamInfo& p, const float* full, float* slice) {
 void ParamGroup::add(ParamInfo info) {
   LATTICE_CHECK(data_.empty(), "ParamGroup " << name_ << ": add() after allocate()");
   info.shape = info.shard.local_shape(info.full_shape);
-  info.offset = numel_;
-  // Each parameter starts on a 64-byte boundary (16 floats) for aligned vector loads.
-  numel_ += (info.numel() + 15) / 16 * 16;
+  LATTICE_CHECK(!info.packed || !params_.empty(), "ParamGroup " << name_ << ": " << info.name
+                                                                << " is packed but follows no parameter");
+  // Each parameter starts on a 64-byte boundary (16 floats) for aligned
+  // vector loads, except a packed one, which follows the previous directly.
+  info.offset = info.packed ? params_.back().offset + params_.back().numel() : numel_;
+  numel_ = (info.offset + info.numel() + 15) / 16 * 16;
   params_.push_back(std::move(info));
   grad_written_.push_back(1);  // buffers start zeroed: a valid (zero) gradient
 }

@@ -21,12 +21,16 @@ namespace lattice::model {
 // into num_shards equal pieces and this rank holds piece shard_index. With
 // parts > 1 (fused QKV: parts = 3) the split dimension is first viewed as
 // `parts` equal blocks (Q, K, V), and each block is cut separately, so a rank
-// holds the same heads of Q, K and V.
+// holds the same heads of Q, K and V. With replicas > 1 each piece is held
+// whole by `replicas` consecutive ranks of the group (rank r holds piece
+// r / replicas): key/value heads when the tensor-parallel group is larger
+// than their number (model/parts/attention.h).
 struct ShardSpec {
   int split_dim = -1;
   int num_shards = 1;
   int shard_index = 0;
   int parts = 1;
+  int replicas = 1;
 
   // Local shape for a full shape.
   std::vector<int64_t> local_shape(const std::vector<int64_t>& full) const;
@@ -43,7 +47,7 @@ struct InitSpec {
 };
 
 struct ParamInfo {
-  std::string name;                 // HF GPT-2 name, e.g. "h.3.attn.c_attn.weight"
+  std::string name;                 // HF name, e.g. "h.3.attn.c_attn.weight" (GPT-2), "model.norm.weight" (Llama)
   std::vector<int64_t> full_shape;  // logical shape in lattice's layout (Linear: [out, in])
   std::vector<int64_t> shape;       // the slice held here
   ShardSpec shard;
@@ -55,6 +59,9 @@ struct ParamInfo {
   // Hugging Face stores this Linear weight as Conv1D, [in, out] — the
   // transpose of lattice's [out, in]; checkpoints convert.
   bool hf_conv1d = false;
+  // Starts right after the previous parameter, with no alignment gap, so the
+  // two are one matrix in memory (a packed Linear: model/parts/linear.h).
+  bool packed = false;
   int64_t offset = 0;  // in elements, within the group's flat buffers
   int64_t numel() const {
     int64_t n = 1;
@@ -65,7 +72,9 @@ struct ParamInfo {
 
 // Between a parameter's slice (its ShardSpec's) and its full logical tensor,
 // both in lattice's layout: rank r's slice is the spec with shard_index r.
-// slices[r] points at rank r's slice of p (numel() floats each).
+// slices[r] points at rank r's slice of p (numel() floats each); with
+// replicas > 1, slices holds every rank's (num_shards · replicas) and the
+// first rank of each piece's replicas is read.
 void assemble_full(const ParamInfo& p, const std::vector<const float*>& slices, float* full);
 // This rank's slice of p from the full tensor (full_shape, row-major).
 void extract_slice(const ParamInfo& p, const float* full, float* slice);

@@ -55,11 +55,12 @@ size_t numel_of(const std::vector<int64_t>& shape) {
 std::vector<HfTensor> Trainer::group_tensors(size_t g, ModelBuffer which, bool all_ranks) {
   const model::ParamGroup& shape = layout_model_->groups()[g];
   // The stage that holds it (the embedding: the first stage's copy).
+  // (layout_model_ is the whole model: group 0 the embedding, 1 + l block l, the final group last).
   int stage = 0;
-  if (shape.name() == "ln_f") {
+  if (g == layout_model_->final_index()) {
     stage = schedule_.stages - 1;
-  } else if (shape.name() != "embedding") {
-    const int layer = std::stoi(shape.name().substr(2));
+  } else if (g != layout_model_->embedding_index()) {
+    const int layer = static_cast<int>(g - layout_model_->block_index(0));
     for (int s = 0; s < schedule_.stages; s++)
       if (cut_[s].first <= layer && layer < cut_[s].last) stage = s;
   }

@@ -34,14 +34,12 @@ void backward_columns(float* dwte, float* dwpe, const float* dout, const int32_t
     for (int t = 0; t < T; ++t) {
       const float* dy = dout + (static_cast<int64_t>(b) * T + t) * C;
       const int32_t token = tokens[b * T + t];
-      float* dp = dwpe + static_cast<int64_t>(t) * C;
       if (token >= 0) {
         float* dw = dwte + static_cast<int64_t>(token) * C;
-        for (int64_t c = col_begin; c < col_end; ++c) {
-          dw[c] += dy[c];
-          dp[c] += dy[c];
-        }
-      } else {
+        for (int64_t c = col_begin; c < col_end; ++c) dw[c] += dy[c];
+      }
+      if (dwpe) {
+        float* dp = dwpe + static_cast<int64_t>(t) * C;
         for (int64_t c = col_begin; c < col_end; ++c) dp[c] += dy[c];
       }
     }

@@ -179,7 +179,8 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
     for (size_t b = b0; b < b1; b++) p->forward_order.push_back(b);
     if (mm.last_stage()) {
       p->forward_order.push_back(mm.final_index());
-      p->backward_order = {mm.embedding_index(), mm.final_index()};
+      p->backward_order = {mm.final_index()};
+      if (mm.tied_head()) p->backward_order.insert(p->backward_order.begin(), mm.embedding_index());
     }
     for (size_t b = b1; b > b0; b--) p->backward_order.push_back(b - 1);
     const int L = mm.config().n_layer;
@@ -243,7 +244,9 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
   for (size_t j = 0; j < parts_.size(); j++) {
     Part& p = *parts_[j];
     const bool whole = p.model.whole_model();
-    if (p.model.has_embedding() && (stage >= 2 || (whole && dp.size() > 1))) {
+    // (at stages 0-1 only the tied embedding of a whole model, whose head's
+    // and lookup's shares it reduces early; an untied one is a group like any)
+    if (p.model.has_embedding() && (stage >= 2 || (whole && p.model.tied_head() && dp.size() > 1))) {
       const size_t e = p.model.embedding_index();
       const float* emb_params = nullptr;
       if (stage == 3) {
@@ -353,7 +356,7 @@ void DataParallel::part_done(size_t j) {
 bool DataParallel::reduced_at_finish(const Part& p, size_t g) const {
   // The embedding reduces itself (ShardedEmbedding), or, on a pipeline's
   // first or last stage at stages 0-1, after the tied copies are summed.
-  return is_embedding(p, g) && (p.embedding || (stage() < 2 && !p.model.whole_model()));
+  return is_embedding(p, g) && (p.embedding || (stage() < 2 && !p.model.whole_model() && p.model.tied_head()));
 }
 
 void DataParallel::reap() {
@@ -375,7 +378,7 @@ void DataParallel::finish_gradients() {
   size_t first = parts_.size(), last = parts_.size();
   for (size_t j = 0; j < parts_.size(); j++) {
     const model::GPT& m = parts_[j]->model;
-    if (m.has_embedding() && !m.whole_model()) (m.first_stage() ? first : last) = j;
+    if (m.has_embedding() && !m.whole_model() && m.tied_head()) (m.first_stage() ? first : last) = j;
   }
   const size_t any = first < parts_.size() ? first : last;
   const bool tied = any < parts_.size();

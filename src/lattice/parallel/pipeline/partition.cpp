@@ -14,12 +14,15 @@ std::vector<double> layer_costs(const model::ModelConfig& c, int T) {
   // Per token, ×3 for forward + backward (the backward does two GEMMs per one
   // of the forward): 2 FLOPs per multiply-add.
   const double C = c.n_embd, V = c.padded_vocab();
+  const double Q = static_cast<double>(c.q_width()), KV = static_cast<double>(c.kv_width()), F = c.ffn();
+  const double up = c.mlp == model::MlpKind::SwiGLU ? 2.0 * F : F;  // SwiGLU: gate and up
   std::vector<double> costs;
-  costs.push_back(3.0 * 2.0 * C);                    // the lookup: a row copy and add (tiny)
-  const double block = 3.0 * (2.0 * 12.0 * C * C     // c_attn 3C², c_proj C², c_fc 4C², c_proj 4C²
-                              + 2.0 * 2.0 * C * T);  // QKᵀ and PV (causal: counted whole, like MFU)
+  costs.push_back(3.0 * 2.0 * C);  // the lookup: a row copy and add (tiny)
+  // The weights' multiply-adds per token (GPT-2: 12C²; Llama: C(Q + 2KV) + QC + 3CF), and QKᵀ and PV
+  // (causal: counted whole, like MFU).
+  const double block = 3.0 * (2.0 * (C * (Q + 2.0 * KV) + Q * C + C * up + F * C) + 2.0 * 2.0 * C * T);
   for (int l = 0; l < c.n_layer; l++) costs.push_back(block);
-  costs.push_back(3.0 * 2.0 * C * V);  // the tied head's GEMM (the loss is O(V))
+  costs.push_back(3.0 * 2.0 * C * V);  // the head's GEMM (the loss is O(V))
   return costs;
 }
 

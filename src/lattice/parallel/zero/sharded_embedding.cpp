@@ -28,10 +28,13 @@ ShardedEmbedding::ShardedEmbedding(model::ParamGroup& group, const model::ModelC
       params_(params),
       gradients_(gradients),
       grad_shard_(grad_shard) {
-  const model::ParamInfo& wpe = group.params()[kWpe];
-  LATTICE_CHECK(group.params()[kWte].offset == 0 && wpe.offset % C_ == 0 && shard.chunk_numel() % C_ == 0,
+  // Without learned positions (rotary) the group is the token table alone:
+  // wpe_row_ is then -1 and every wpe term below is skipped.
+  has_wpe_ = group.params().size() > kWpe;
+  const int64_t wpe_offset = has_wpe_ ? group.params()[kWpe].offset : 0;
+  LATTICE_CHECK(group.params()[kWte].offset == 0 && wpe_offset % C_ == 0 && shard.chunk_numel() % C_ == 0,
                 "internal: the embedding group is not laid out in rows of n_embd=" << C_);
-  wpe_row_ = wpe.offset / C_;
+  wpe_row_ = has_wpe_ ? wpe_offset / C_ : -1;
   const size_t chunk_bytes = static_cast<size_t>(shard.chunk_numel()) * sizeof(float);
   // Two pieces (one in use, the next chunk's collective in flight), or one
   // when the group is a single chunk.
@@ -43,11 +46,12 @@ ShardedEmbedding::ShardedEmbedding(model::ParamGroup& group, const model::ModelC
   // approximation may not depend on this rank's wte slice); padding rows
   // are neither sent nor written.
   if (reducer.options().spec.codec == GradCodec::PowerSgd) {
-    const int64_t rows = shard.chunk_numel() / C_, wpe_end = wpe_row_ + wpe.shape[0];
+    const int64_t rows = shard.chunk_numel() / C_;
+    const int64_t wpe_begin = has_wpe_ ? wpe_row_ : 0, wpe_end = has_wpe_ ? wpe_row_ + group.params()[kWpe].shape[0] : 0;
     for (int64_t c = 0; c < shard.chunks; c++) {
       const int64_t lo = c * rows, hi = lo + rows;
       const std::pair<int64_t, int64_t> wte_rows{std::min<int64_t>(lo, Vp_), std::min<int64_t>(hi, Vp_)};
-      const std::pair<int64_t, int64_t> wpe_rows{std::clamp(lo, wpe_row_, wpe_end), std::clamp(hi, wpe_row_, wpe_end)};
+      const std::pair<int64_t, int64_t> wpe_rows{std::clamp(lo, wpe_begin, wpe_end), std::clamp(hi, wpe_begin, wpe_end)};
       lowrank_.push_back(
           lowrank_rows({{wte_rows.first - lo, wte_rows.second - lo}, {wpe_rows.first - lo, wpe_rows.second - lo}}, C_,
                        reducer.options().spec.powersgd_rank));
@@ -123,9 +127,11 @@ void ShardedEmbedding::head_weight_into_group(const float* dlogits, const float*
   // The last micro-batch: every gradient in the group's buffer but the
   // lookup's last share is there (wpe's, if nothing wrote it yet this step,
   // is zero), so its chunks are reduced now, during the rest of the backward.
-  bool wpe_acc = false;
-  float* dwpe = group_.write_grad(kWpe, &wpe_acc);
-  if (!wpe_acc) std::memset(dwpe, 0, sizeof(float) * group_.params()[kWpe].numel());
+  if (has_wpe_) {
+    bool wpe_acc = false;
+    float* dwpe = group_.write_grad(kWpe, &wpe_acc);
+    if (!wpe_acc) std::memset(dwpe, 0, sizeof(float) * group_.params()[kWpe].numel());
+  }
   group_.zero_grad_padding();
   float* grad = group_.grad_storage();
   const int64_t chunk = shard_.chunk_numel(), slice = shard_.slice;
@@ -211,7 +217,8 @@ void ShardedEmbedding::exchange_tokens(const int32_t* tokens, int64_t count) {
 
 void ShardedEmbedding::lookup(float* x, const int32_t* tokens, int B, int T, int first_position, bool positions) {
   if (!params_) {
-    const float* wpe = positions ? group_.compute_param(kWpe) + static_cast<int64_t>(first_position) * C_ : nullptr;
+    const float* wpe =
+        positions && has_wpe_ ? group_.compute_param(kWpe) + static_cast<int64_t>(first_position) * C_ : nullptr;
     k::embedding_forward(x, tokens, group_.compute_param(kWte), wpe, B, T, C_);
     return;
   }
@@ -229,7 +236,7 @@ void ShardedEmbedding::lookup(float* x, const int32_t* tokens, int B, int T, int
   for (int64_t j = 0; j < n * BT; j++) {
     float* out = rows + j * C_;
     if (all[j] >= 0) add_owned_row(out, static_cast<int64_t>(all[j]), params_);  // negative: another TP rank's
-    if (positions) add_owned_row(out, wpe_row_ + first_position + (j % BT) % T, params_);
+    if (positions && has_wpe_) add_owned_row(out, wpe_row_ + first_position + (j % BT) % T, params_);
   }
   stream_.wait(stream_.reduce_scatter(rows, x, static_cast<size_t>(BT * C_), "lookup"));
 }
@@ -245,8 +252,8 @@ const float* ShardedEmbedding::gather_lookup_rows(const float* dx, const int32_t
 void ShardedEmbedding::lookup_into_group(const float* dx, const int32_t* tokens, int B, int T) {
   const int64_t BT = static_cast<int64_t>(B) * T;
   if (!last_) {  // earlier micro-batches: accumulate here, reduced with the rest on the last one
-    float* d[2];
-    for (size_t p : {kWte, kWpe}) {
+    float* d[2] = {nullptr, nullptr};
+    for (size_t p = kWte; p < (has_wpe_ ? kWpe + 1 : kWpe); p++) {
       bool acc = false;
       d[p] = group_.write_grad(p, &acc);
       if (!acc) std::memset(d[p], 0, sizeof(float) * group_.params()[p].numel());
@@ -268,18 +275,19 @@ void ShardedEmbedding::lookup_into_group(const float* dx, const int32_t* tokens,
       const int64_t c1 = std::min<int64_t>(C_, c0 + 64);
       for (int64_t j = 0; j < total; j++) {
         const float* v = rows + j * C_;
-        float* dp = grad + (wpe + (j % BT) % T) * C_;
         if (all[j] >= 0) {  // negative: a token another tensor-parallel rank holds
           float* dw = grad + static_cast<int64_t>(all[j]) * C_;
           for (int64_t c = c0; c < c1; c++) dw[c] += v[c];
         }
+        if (!has_wpe_) continue;
+        float* dp = grad + (wpe + (j % BT) % T) * C_;
         for (int64_t c = c0; c < c1; c++) dp[c] += v[c];
       }
     }
   } else {
     for (int64_t j = 0; j < total; j++) {
       if (all[j] >= 0) add_to_owned(grad, static_cast<int64_t>(all[j]), rows + j * C_, /*home=*/true);
-      add_to_owned(grad, wpe_row_ + (j % BT) % T, rows + j * C_, /*home=*/true);
+      if (has_wpe_) add_to_owned(grad, wpe_row_ + (j % BT) % T, rows + j * C_, /*home=*/true);
     }
   }
 }
@@ -302,7 +310,7 @@ void ShardedEmbedding::lookup_backward(const float* dx, const int32_t* tokens, i
   for (int64_t j = 0; j < n * BT; j++) {
     const float* values = rows + j * C_;
     if (all[j] >= 0) add_to_owned(grad_shard_, static_cast<int64_t>(all[j]), values);
-    add_to_owned(grad_shard_, wpe_row_ + (j % BT) % T, values);
+    if (has_wpe_) add_to_owned(grad_shard_, wpe_row_ + (j % BT) % T, values);
   }
 }
 

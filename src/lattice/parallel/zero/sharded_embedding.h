@@ -122,7 +122,8 @@ class ShardedEmbedding final : public model::TiedEmbedding {
   const float* params_;  // stage 3 shard, or null
   Gradients gradients_;
   float* grad_shard_;
-  int64_t wpe_row_;      // flat row where wpe starts (= Vp)
+  int64_t wpe_row_;      // flat row where wpe starts (= Vp; -1: no wpe)
+  bool has_wpe_ = true;  // learned positions (rotary: the token table alone)
   bool written_ = false, last_ = true;
   Buffer pieces_;        // two chunks of parameters (stage 3)
   Buffer grad_pieces_;   // two chunks of gradient
