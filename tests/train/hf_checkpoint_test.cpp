@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -396,14 +398,12 @@ TEST(HfConfig, DifferencesNameTheFilesKeys) {
             "rope_theta=10000.0 but model.rope_theta=500000.0\n"
             "tie_word_embeddings=false but model.tie_embeddings=true\n");
 
-  // A shorter context trains; a longer one does not.
+  // The context is not compared (a learned table is checked by its shape).
   run = file;
   run.seq_len = 16;
   EXPECT_TRUE(train::model_config_differences(hf, file, run).empty());
   run.seq_len = 128;
-  d = train::model_config_differences(hf, file, run);
-  ASSERT_EQ(d.size(), 1u) << joined(d);
-  EXPECT_HAS(d[0], "max_position_embeddings=64 but model.seq_len=128");
+  EXPECT_TRUE(train::model_config_differences(hf, file, run).empty());
 
   // n_kv_head 0 and the family's MLP width spelled out are the same model.
   run = file;
@@ -445,14 +445,13 @@ TEST(HfInitFrom, RefusesAConfigJsonOfAnotherModelNamingEachKey) {
   ModelConfig file = tiny_llama();
   file.n_kv_head = 2;
   write_text(dir / "config.json", io::to_json(hf_keys_only(parsed(train::hf_config_json(file))), 2));
-  const train::HfModelFiles files = train::find_hf_model(dir.string(), "checkpoint.init_from '" + dir.string() + "'");
+  const std::string what = "checkpoint.init_from='" + dir.string() + "'";
+  const train::HfModelFiles files = train::find_hf_model(dir.string(), what);
   EXPECT_EQ(files.safetensors, (dir / "model.safetensors").string());
   EXPECT_EQ(files.config_json, (dir / "config.json").string());
   io::SafeTensorsReader r(files.safetensors);
-  const std::string msg =
-      error_of([&] { train::check_init_from(files, r, tiny_llama(), "checkpoint.init_from '" + dir.string() + "'"); });
-  EXPECT_EQ(msg, "checkpoint.init_from '" + dir.string() +
-                     "': its config.json has num_key_value_heads=2 but model.n_kv_head=4");
+  EXPECT_EQ(error_of([&] { train::check_init_from(what, files, r, tiny_llama()); }),
+            what + ": its config.json has num_key_value_heads=2 but model.n_kv_head=4");
 }
 
 TEST(HfInitFrom, RefusesGpt2TensorNamesForALlamaRun) {
@@ -461,9 +460,11 @@ TEST(HfInitFrom, RefusesGpt2TensorNamesForALlamaRun) {
   const train::HfModelFiles files = train::find_hf_model(file, "x");
   EXPECT_TRUE(files.config_json.empty());
   io::SafeTensorsReader r(file);
-  const std::string what = "checkpoint.init_from '" + file + "'";
-  EXPECT_HAS(error_of([&] { train::check_init_from(files, r, tiny_llama(), what); }),
-             what + " has GPT-2 tensor names (h.0.attn.c_attn.weight) but model.family = \"llama\"");
+  const std::string what = "checkpoint.init_from='" + file + "'";
+  EXPECT_EQ(error_of([&] { train::check_init_from(what, files, r, tiny_llama()); }),
+            what +
+                " has GPT-2 tensor names (h.0.attn.c_attn.weight) but model.family = \"llama\": set "
+                "model.family=\"gpt2\"");
   // The Hub's GPT2LMHeadModel files put "transformer." before the names.
   io::SafeTensorsWriter w;
   std::vector<float> x(32 * 96);
@@ -471,7 +472,7 @@ TEST(HfInitFrom, RefusesGpt2TensorNamesForALlamaRun) {
   const std::string prefixed = (dir / "prefixed.safetensors").string();
   w.write(prefixed);
   io::SafeTensorsReader p(prefixed);
-  EXPECT_HAS(error_of([&] { train::check_init_from(files, p, tiny_llama(), what); }),
+  EXPECT_HAS(error_of([&] { train::check_init_from(what, files, p, tiny_llama()); }),
              "has GPT-2 tensor names (transformer.h.0.attn.c_attn.weight) but model.family = \"llama\"");
   // And the other way round.
   io::SafeTensorsWriter l;
@@ -479,9 +480,9 @@ TEST(HfInitFrom, RefusesGpt2TensorNamesForALlamaRun) {
   const std::string llama = (dir / "llama.safetensors").string();
   l.write(llama);
   io::SafeTensorsReader lr(llama);
-  EXPECT_HAS(error_of([&] { train::check_init_from(files, lr, ModelConfig{}, what); }),
+  EXPECT_HAS(error_of([&] { train::check_init_from(what, files, lr, ModelConfig{}); }),
              "has Llama tensor names (model.layers.0.self_attn.q_proj.weight) but model.family = \"gpt2\"");
-  EXPECT_NO_THROW(train::check_init_from(files, r, ModelConfig{}, what));
+  EXPECT_NO_THROW(train::check_init_from(what, files, r, ModelConfig{}));
 }
 
 TEST(HfInitFrom, RefusesAnUntiedHeadForATiedRunWithoutConfigJson) {
@@ -499,20 +500,20 @@ TEST(HfInitFrom, RefusesAnUntiedHeadForATiedRunWithoutConfigJson) {
   run.vocab_size = 300;
   const std::string untied = file_with_head("untied.safetensors", other);
   io::SafeTensorsReader u(untied);
-  EXPECT_HAS(error_of([&] { train::check_init_from(train::find_hf_model(untied, "f"), u, run, "f"); }),
+  EXPECT_HAS(error_of([&] { train::check_init_from("f", train::find_hf_model(untied, "f"), u, run); }),
              "f has its own lm_head.weight (an untied LM head) but model.tie_embeddings = true");
   // A copy of the embedding is the tied head.
   const std::string copy = file_with_head("copy.safetensors", emb);
   io::SafeTensorsReader c(copy);
-  EXPECT_NO_THROW(train::check_init_from(train::find_hf_model(copy, "f"), c, run, "f"));
+  EXPECT_NO_THROW(train::check_init_from("f", train::find_hf_model(copy, "f"), c, run));
   run.tie_embeddings = false;
-  EXPECT_NO_THROW(train::check_init_from(train::find_hf_model(untied, "f"), u, run, "f"));
+  EXPECT_NO_THROW(train::check_init_from("f", train::find_hf_model(untied, "f"), u, run));
 }
 
 TEST(HfInitFrom, FindsTheFilesOfEachKindOfPath) {
   const fs::path dir = scratch("find");
-  EXPECT_EQ(error_of([&] { train::find_hf_model((dir / "nothing").string(), "checkpoint.init_from 'n'"); }),
-            "checkpoint.init_from 'n' does not exist");
+  EXPECT_EQ(error_of([&] { train::find_hf_model((dir / "nothing").string(), "checkpoint.init_from='n'"); }),
+            "checkpoint.init_from='n' does not exist");
   fs::create_directories(dir / "sharded");
   write_text(dir / "sharded" / "model.safetensors.index.json", "{}");
   EXPECT_HAS(error_of([&] { train::find_hf_model((dir / "sharded").string(), "w"); }),
@@ -604,14 +605,35 @@ TEST(HfCheckpoint, InitFromRefusesAnotherModelsConfigAndNamesAWrongShape) {
   train::Trainer(cfg, {false}).run();
   const std::string step = io::resolve_checkpoint("latest", cfg.checkpoint.dir);
 
+  // A lattice file: its recorded model, in lattice's keys.
   io::RunConfig wider = tiny_run();
   wider.model.n_embd = 64;
   wider.model.seq_len = 32;
   wider.checkpoint.init_from = step;
   EXPECT_EQ(error_of([&] { train::Trainer t(wider, {false}); }),
-            "checkpoint.init_from '" + step +
-                "': its config.json has lattice.n_embd=32 but model.n_embd=64; lattice.seq_len=16 but "
-                "model.seq_len=32 (a model trains at its context or a shorter one)");
+            "checkpoint.init_from='" + step + "' was trained with model.n_embd=32 but this run has model.n_embd=64");
+  // A Hub directory (HF keys only, no record in the file): in the file's keys.
+  const fs::path hub = dir / "hub";
+  fs::create_directories(hub);
+  {
+    io::SafeTensorsReader lattice_file(step + "/model.safetensors");
+    std::vector<std::vector<float>> values;
+    io::SafeTensorsWriter w;
+    for (const io::TensorEntry& e : lattice_file.tensors()) {
+      values.emplace_back(static_cast<size_t>(e.numel()));
+      lattice_file.read_f32(e.name, values.back().data(), values.back().size());
+      w.add(e.name, DType::F32, e.shape, values.back().data());
+    }
+    w.write((hub / "model.safetensors").string());
+  }
+  write_text(hub / "config.json",
+             io::to_json(hf_keys_only(parsed(train::hf_config_json(train::model_config_of(cfg.model)))), 2));
+  wider.checkpoint.init_from = hub.string();
+  EXPECT_EQ(error_of([&] { train::Trainer t(wider, {false}); }),
+            "checkpoint.init_from='" + hub.string() + "': its config.json has n_embd=32 but model.n_embd=64");
+  io::RunConfig same = tiny_run();
+  same.checkpoint.init_from = hub.string();
+  EXPECT_EQ(all_params(train::Trainer(same, {false}).model()), all_params(*train::load_model_for_inference(step, 0)));
   // A shorter context loads (the first rows of wpe).
   io::RunConfig shorter = tiny_run();
   shorter.model.seq_len = 8;
@@ -832,7 +854,7 @@ TEST(HfLlama, InitFromRefusesGpt2FilesAndWrongShapes) {
   train::save_model_safetensors(gpt2, train::params_of(gpt2), gpt2_file);
   r.checkpoint.init_from = gpt2_file;
   EXPECT_HAS(error_of([&] { train::Trainer t(r, {false}); }),
-             "checkpoint.init_from '" + gpt2_file +
+             "checkpoint.init_from='" + gpt2_file +
                  "' has GPT-2 tensor names (h.0.attn.c_attn.weight) but model.family = \"llama\"");
 
   // k_proj with a row per query head: named, with both shapes.
@@ -852,4 +874,87 @@ TEST(HfLlama, InitFromRefusesGpt2FilesAndWrongShapes) {
   io::apply_override(more_heads, "model.n_kv_head=4");
   EXPECT_HAS(error_of([&] { train::Trainer t(more_heads, {false}); }),
              "its config.json has num_key_value_heads=2 but model.n_kv_head=4");
+}
+
+namespace {
+
+// What a command printed on stdout (its exit status must be 0).
+std::string output_of(const std::string& command) {
+  std::string out;
+  FILE* p = ::popen(command.c_str(), "r");
+  if (!p) return "(popen failed)";
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  EXPECT_EQ(::pclose(p), 0) << command << "\n" << out;
+  return out;
+}
+
+// tools/llama_reference.py's mean loss of predicting tokens[1:] from tokens[:-1].
+double reference_loss(const std::string& model_dir, const std::vector<int32_t>& tokens) {
+  std::string list;
+  for (int32_t t : tokens) {
+    if (!list.empty()) list += ',';
+    list += std::to_string(t);
+  }
+  const std::string out = output_of("/usr/bin/python3 " + std::string(LATTICE_SOURCE_DIR) +
+                                    "/tools/llama_reference.py eval --model " + model_dir + " --tokens " + list);
+  return io::parse_json(out, "llama_reference.py").at("loss").as_double();
+}
+
+double lattice_loss(model::GPT& m, const std::vector<int32_t>& tokens) {
+  const int T = static_cast<int>(tokens.size()) - 1;
+  return m.evaluate(tokens.data(), tokens.data() + 1, 1, T);
+}
+
+}  // namespace
+
+// An independent reader and writer: tools/llama_reference.py (a PyTorch
+// LlamaForCausalLM from transformers' modeling_llama.py, no lattice code)
+// evaluates a lattice Llama checkpoint directory to the loss lattice gets,
+// and a directory it writes (bf16 tensors, its own config.json, tied head,
+// biases) loads into lattice with the loss it gets. Needs Debian's
+// python3-torch; skipped where it is not installed.
+TEST(HfLlama, DirectoriesAgreeWithThePyTorchLlama) {
+  if (std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3-torch is not installed (apt-get install python3-torch)";
+  const fs::path dir = scratch("pytorch_llama");
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 17; i++) tokens.push_back((i * 131 + 7) % 300);
+
+  // lattice → PyTorch: a trained checkpoint's step directory.
+  io::RunConfig r = tiny_run();
+  set_llama(r, gqa_llama(false, false));
+  r.train.steps = 3;
+  r.checkpoint.dir = (dir / "run").string();
+  train::Trainer t(r, {false});
+  t.run();
+  const double ours = lattice_loss(t.model(), tokens);
+  const double theirs = reference_loss(io::resolve_checkpoint("latest", r.checkpoint.dir), tokens);
+  EXPECT_NEAR(ours, theirs, 1e-5 * std::fabs(theirs));
+
+  // PyTorch → lattice: a directory the reference writes.
+  const fs::path hub = dir / "hub";
+  fs::create_directories(hub);
+  const std::string script =
+      "import sys, torch; sys.path.insert(0, '" + std::string(LATTICE_SOURCE_DIR) +
+      "/tools'); import llama_reference as ref\n"
+      "cfg = ref.LlamaConfig(n_layer=2, n_head=4, n_embd=32, vocab_size=300, max_positions=16, n_kv_head=2, "
+      "ffn_hidden=64, rope_theta=500000.0, norm_eps=1e-5, tie_embeddings=True, attention_bias=True, mlp_bias=True)\n"
+      "m = ref.build_model(cfg)\n"
+      "with torch.no_grad(): ref.init_params(m, seed=5, weight_std=0.2, norm_noise=0.1, bias_noise=0.05)\n"
+      "ref.save_safetensors(m, '" +
+      (hub / "model.safetensors").string() +
+      "', dtype=torch.bfloat16)\n"
+      "ref.write_config(cfg, '" +
+      (hub / "config.json").string() + "', torch_dtype='bfloat16')\n";
+  std::ofstream(dir / "write_hub.py") << script;
+  output_of("/usr/bin/python3 " + (dir / "write_hub.py").string());
+  auto gpt = train::load_model_for_inference(hub.string(), 0);
+  EXPECT_TRUE(gpt->config().tie_embeddings);
+  EXPECT_TRUE(gpt->config().bias);
+  EXPECT_EQ(gpt->config().kv_heads(), 2);
+  const double loaded = lattice_loss(*gpt, tokens), reference = reference_loss(hub.string(), tokens);
+  EXPECT_NEAR(loaded, reference, 1e-5 * std::fabs(reference));
+  EXPECT_GT(std::fabs(loaded - std::log(300.0)), 0.01) << "a model that predicts something";
 }

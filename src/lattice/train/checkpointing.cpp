@@ -1,11 +1,14 @@
 #include "lattice/train/checkpointing.h"
 
+#include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "lattice/comm/process_mesh.h"
 #include "lattice/core/error.h"
 #include "lattice/io/checkpoint.h"
 #include "lattice/io/config.h"
+#include "lattice/io/file_util.h"
 #include "lattice/io/safetensors.h"
 #include "lattice/parallel/data/data_parallel.h"
 #include "lattice/layers/tensor/tensor_parallel.h"
@@ -18,6 +21,21 @@ namespace lattice::train {
 namespace fs = std::filesystem;
 
 static const char* kMomentSuffix[2] = {".exp_avg", ".exp_avg_sq"};
+
+// The metadata entry of a checkpoint's model.safetensors that records the
+// model (its [model] section, every key written out), so the file alone —
+// given to checkpoint.init_from or `lattice generate` — says what it holds.
+static const char* kModelMetadata = "lattice.model";
+
+// The [model] section of a model as TOML, every key written out.
+static std::string model_toml(const model::ModelConfig& c) {
+  io::RunConfig r;
+  r.model = model_section_of(c);
+  std::string out = "[model]\n";
+  for (const auto& [key, value] : io::config_items(r))
+    if (key.rfind("model.", 0) == 0 && value != "\"\"") out += key.substr(6) + " = " + value + "\n";
+  return out;
+}
 
 static parallel::DataParallel::State state_of(ModelBuffer which) {
   switch (which) {
@@ -153,6 +171,7 @@ std::string Trainer::save_checkpoint() {
     io::SafeTensorsWriter layout[2];
     layout[0].set_metadata("format", "pt");
     layout[0].set_metadata("n_head", std::to_string(config_.model.n_head));
+    layout[0].set_metadata(kModelMetadata, model_toml(model_config_));
     for (const model::ParamGroup& group : layout_model.groups())
       for (const model::ParamInfo& p : group.params()) {
         layout[0].add(p.name, DType::F32, hf_shape(p), nullptr);
@@ -177,7 +196,10 @@ std::string Trainer::save_checkpoint() {
   // model.safetensors + config.json make the step directory a Hugging Face model directory.
   w->write_file("config.json", hf_config_json(model_config_));
   io::JsonValue meta = io::JsonValue::object();
-  meta.set("config", io::JsonValue::string(io::config_to_toml(config_)));
+  // The model section with every family default written out.
+  io::RunConfig recorded = config_;
+  recorded.model = model_section_of(model_config_);
+  meta.set("config", io::JsonValue::string(io::config_to_toml(recorded)));
   meta.set("adam_steps", io::JsonValue::integer(optimizer().steps_taken()));
   meta.set("tokens_seen", io::JsonValue::unsigned_integer(tokens_seen_));
   meta.set("seed", io::JsonValue::integer(config_.train.seed));
@@ -196,17 +218,74 @@ std::string Trainer::save_checkpoint() {
   return w->commit(std::move(meta), config_.checkpoint.keep);
 }
 
-// The model section of a checkpoint's config must equal this run's.
-static void check_same_model(const io::ModelSection& have, const io::ModelSection& want, const std::string& dir) {
-  auto check = [&](const char* key, long long a, long long b) {
-    LATTICE_CHECK(a == b, "checkpoint '" << dir << "' was trained with model." << key << "=" << a
-                                         << " but this run has model." << key << "=" << b);
+// The model a checkpoint holds must be this run's: refused naming every key
+// that differs ("checkpoint 'x' was trained with model.family="gpt2",
+// model.norm="layernorm" but this run has model.family="llama",
+// model.norm="rmsnorm"). `what` names the checkpoint; the key `ignored` may differ.
+static void check_same_model(const model::ModelConfig& have, const model::ModelConfig& want, const std::string& what,
+                             const std::string& ignored = "") {
+  const std::vector<ModelDifference> differences = model_differences(have, want);
+  auto differs = [&](const char* key) {
+    for (const ModelDifference& d : differences)
+      if (d.key == key) return true;
+    return false;
   };
-  check("n_layer", have.n_layer, want.n_layer);
-  check("n_head", have.n_head, want.n_head);
-  check("n_embd", have.n_embd, want.n_embd);
-  check("vocab_size", have.vocab_size, want.vocab_size);
-  check("seq_len", have.seq_len, want.seq_len);
+  std::string there, here;
+  for (const ModelDifference& d : differences) {
+    if (d.key == ignored) continue;
+    // A width this run leaves to the family follows from the keys it derives
+    // from: they are named, it is not.
+    if (d.key == "model.ffn_hidden" && want.ffn_hidden == 0 && (differs("model.family") || differs("model.n_embd")))
+      continue;
+    if (d.key == "model.n_kv_head" && want.n_kv_head == 0 && differs("model.n_head")) continue;
+    there += (there.empty() ? "" : ", ") + d.key + "=" + d.have;
+    here += (here.empty() ? "" : ", ") + d.key + "=" + d.want;
+  }
+  LATTICE_CHECK(there.empty(), what << " was trained with " << there << " but this run has " << here);
+}
+
+// A model file's [model] section, when lattice wrote it (kModelMetadata).
+static std::optional<model::ModelConfig> recorded_model(const io::SafeTensorsReader& r) {
+  const auto it = r.metadata().find(kModelMetadata);
+  if (it == r.metadata().end()) return std::nullopt;
+  return model_config_of(io::parse_saved_config(it->second, r.path() + " metadata " + kModelMetadata).model);
+}
+
+// Whether tensors a and b of `file` hold the same bytes (same dtype and shape).
+static bool same_tensor(const io::SafeTensorsReader& file, const io::TensorEntry& a, const io::TensorEntry& b) {
+  return a.dtype_name == b.dtype_name && a.shape == b.shape && a.end - a.begin == b.end - b.begin &&
+         std::memcmp(file.raw(a.name), file.raw(b.name), a.end - a.begin) == 0;
+}
+
+void check_init_from(const std::string& what, const HfModelFiles& files, const io::SafeTensorsReader& file,
+                     const model::ModelConfig& want) {
+  if (const std::optional<model::ModelConfig> have = recorded_model(file)) {
+    // The shapes say the rest; a longer position table than seq_len is fine
+    // (import_hf_group), and rotary positions have none.
+    check_same_model(*have, want, what, "model.seq_len");
+    return;
+  }
+  if (!files.config_json.empty()) {  // a Hugging Face directory: its config.json in its own words
+    const std::string source = "config.json '" + files.config_json + "'";
+    const io::JsonValue json = io::parse_json(io::read_whole_file(files.config_json, "config.json"), source);
+    std::string joined;
+    for (const std::string& d : model_config_differences(json, model_config_from_hf(json, source), want))
+      joined += (joined.empty() ? "" : "; ") + d;
+    LATTICE_CHECK(joined.empty(), what << ": its config.json has " << joined);
+  }
+  // A file from elsewhere: its names say its family.
+  check_tensor_family(file, want.family, what);
+  // Without a record or a config.json to say the head is tied, a separate
+  // head in the file would be silently dropped by a tied run (a copy of the
+  // embedding is not separate).
+  if (files.config_json.empty() && want.tie_embeddings) {
+    const io::TensorEntry* head = find_hf_tensor(file, "lm_head.weight");
+    const io::TensorEntry* embedding =
+        find_hf_tensor(file, want.family == model::Family::Llama ? "model.embed_tokens.weight" : "wte.weight");
+    LATTICE_CHECK(!head || (embedding && same_tensor(file, *head, *embedding)),
+                  what << " has its own lm_head.weight (an untied LM head) but model.tie_embeddings = true: set "
+                          "model.tie_embeddings=false to load it");
+  }
 }
 
 static HfSource source_of(const io::SafeTensorsReader& r, const std::string& suffix) {
@@ -232,7 +311,7 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
   io::verify_checkpoint(step_dir);
   io::JsonValue meta = io::read_checkpoint_meta(step_dir);
   io::RunConfig saved = io::parse_saved_config(meta.at("config").as_string(), step_dir + "/meta.json config");
-  check_same_model(saved.model, config_.model, step_dir);
+  check_same_model(model_config_of(saved.model), model_config_, "checkpoint '" + step_dir + "'");
   const std::string model_path = (fs::path(step_dir) / "model.safetensors").string();
   io::SafeTensorsReader model_file(model_path);
   io::SafeTensorsReader opt((fs::path(step_dir) / "optimizer.safetensors").string());
@@ -268,17 +347,19 @@ std::unique_ptr<model::GPT> load_model_for_inference(const std::string& path, in
   LATTICE_CHECK(fs::exists(path), "checkpoint path '" << path << "' does not exist");
   const std::string what = "'" + path + "'";
   const HfModelFiles files = find_hf_model(path, what);
+  io::SafeTensorsReader r(files.safetensors);
   model::ModelConfig mc;
-  if (!files.config_json.empty()) {
+  if (const std::optional<model::ModelConfig> recorded = recorded_model(r)) {
+    mc = *recorded;
+  } else if (!files.config_json.empty()) {
     mc = read_hf_config(files.config_json);
   } else if (!files.step_dir.empty()) {
-    // A checkpoint from before config.json was written: its run config.
+    // A checkpoint from before either was written: its run config.
     io::JsonValue meta = io::read_checkpoint_meta(files.step_dir);
     io::RunConfig cfg = io::parse_saved_config(meta.at("config").as_string(), files.step_dir + "/meta.json config");
     mc = model_config_of(cfg.model);
   } else {
     // A bare GPT-2 safetensors file: read the shape off the tensors.
-    io::SafeTensorsReader r(files.safetensors);
     check_tensor_family(r, model::Family::GPT2, what);
     auto find = [&r](const std::string& name) { return find_hf_tensor(r, name); };
     const io::TensorEntry* wte = find("wte.weight");
@@ -301,7 +382,6 @@ std::unique_ptr<model::GPT> load_model_for_inference(const std::string& path, in
       mc.n_head = n_head_hint;
     }
   }
-  io::SafeTensorsReader r(files.safetensors);
   check_tensor_family(r, mc.family, what);
   auto gpt = std::make_unique<model::GPT>(mc, model::GPT::NoInit{});
   import_hf(*gpt, params_of(*gpt), safetensors_source(r, files.safetensors));

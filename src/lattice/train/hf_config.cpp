@@ -352,10 +352,8 @@ std::vector<std::string> model_config_differences(const JsonValue& json, const M
   ints("n_head", "num_attention_heads", "n_head", file.n_head, run.n_head);
   ints("n_embd", "hidden_size", "n_embd", file.n_embd, run.n_embd);
   ints("vocab_size", "vocab_size", "vocab_size", file.vocab_size, run.vocab_size);
-  if (run.seq_len > file.seq_len)
-    out.push_back(key("seq_len", "max_position_embeddings", "n_positions") + "=" + std::to_string(file.seq_len) +
-                  " but model.seq_len=" + std::to_string(run.seq_len) +
-                  " (a model trains at its context or a shorter one)");
+  // Not the context: a learned position table is checked by its shape (a
+  // longer one is used in part), rotary positions have none.
   differ(key("norm", nullptr, nullptr), quoted(model::name_of(file.norm)), "norm", quoted(model::name_of(run.norm)));
   differ(key("mlp", "hidden_act", nullptr), quoted(model::name_of(file.mlp)), "mlp", quoted(model::name_of(run.mlp)));
   differ(key("position", nullptr, nullptr), quoted(model::name_of(file.position)), "position",

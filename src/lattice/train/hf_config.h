@@ -46,8 +46,9 @@ model::ModelConfig read_hf_config(const std::string& path);
 // model.n_kv_head=4" (or "lattice.n_kv_head=2 ..." for a file read through its
 // lattice object). `file` is model_config_from_hf(json). Keys are compared by
 // what they compute (n_kv_head 0 is n_head, ffn_hidden 0 the family's width,
-// rope_theta only with rotary positions); the context is a difference only
-// when the run's is longer than the file's, so a model trains at a shorter one.
+// rope_theta only with rotary positions). The context is not compared, as
+// for a file lattice wrote: a learned position table is checked by its shape
+// on loading (a longer one is used in part), rotary positions have none.
 std::vector<std::string> model_config_differences(const io::JsonValue& json, const model::ModelConfig& file,
                                                   const model::ModelConfig& run);
 

@@ -218,12 +218,6 @@ std::string example_name(const io::SafeTensorsReader& file, bool (*is_family)(co
   return "";
 }
 
-// Whether tensors a and b hold the same bytes (same dtype and shape).
-bool same_tensor(const io::SafeTensorsReader& file, const io::TensorEntry& a, const io::TensorEntry& b) {
-  return a.dtype_name == b.dtype_name && a.shape == b.shape && a.end - a.begin == b.end - b.begin &&
-         std::memcmp(file.raw(a.name), file.raw(b.name), a.end - a.begin) == 0;
-}
-
 }  // namespace
 
 void check_tensor_family(const io::SafeTensorsReader& file, model::Family family, const std::string& what) {
@@ -231,37 +225,10 @@ void check_tensor_family(const io::SafeTensorsReader& file, model::Family family
   const std::string llama = example_name(file, is_llama_name, "model.layers.0.self_attn.q_proj.weight");
   if (family == model::Family::Llama) {
     LATTICE_CHECK(gpt2.empty() || !llama.empty(), what << " has GPT-2 tensor names (" << gpt2
-                                                       << ") but model.family = \"llama\" (a GPT-2 model "
-                                                       << "loads with model.family = \"gpt2\")");
+                                                       << ") but model.family = \"llama\": set model.family=\"gpt2\"");
   } else {
     LATTICE_CHECK(llama.empty() || !gpt2.empty(), what << " has Llama tensor names (" << llama
-                                                       << ") but model.family = \"gpt2\" (a Llama model "
-                                                       << "loads with model.family = \"llama\")");
-  }
-}
-
-void check_init_from(const HfModelFiles& files, const io::SafeTensorsReader& file, const model::ModelConfig& run,
-                     const std::string& what) {
-  if (!files.config_json.empty()) {
-    const std::string source = "config.json '" + files.config_json + "'";
-    const io::JsonValue json = io::parse_json(io::read_whole_file(files.config_json, "config.json"), source);
-    const std::vector<std::string> differences =
-        model_config_differences(json, model_config_from_hf(json, source), run);
-    std::string joined;
-    for (const std::string& d : differences) joined += (joined.empty() ? "" : "; ") + d;
-    LATTICE_CHECK(differences.empty(), what << ": its config.json has " << joined);
-  }
-  check_tensor_family(file, run.family, what);
-  // Without a config.json to say the head is tied, a separate head in the
-  // file would be silently dropped by a tied run (a copy of the embedding is
-  // not separate).
-  if (files.config_json.empty() && run.tie_embeddings) {
-    const io::TensorEntry* head = find_hf_tensor(file, "lm_head.weight");
-    const io::TensorEntry* embedding =
-        find_hf_tensor(file, run.family == model::Family::Llama ? "model.embed_tokens.weight" : "wte.weight");
-    LATTICE_CHECK(!head || (embedding && same_tensor(file, *head, *embedding)),
-                  what << " has its own lm_head.weight (an untied LM head) but model.tie_embeddings = true: set "
-                          "model.tie_embeddings = false to load it");
+                                                       << ") but model.family = \"gpt2\": set model.family=\"llama\"");
   }
 }
 

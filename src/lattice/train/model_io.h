@@ -85,7 +85,7 @@ HfSource safetensors_source(const io::SafeTensorsReader& r, const std::string& p
 //   an HF model directory         model.safetensors + config.json
 //   a lattice checkpoint          a run directory (its newest step) or a step directory,
 //                                 whose files are verified against meta.json's checksums
-// `what` names the path in errors ("checkpoint.init_from 'x'").
+// `what` names the path in errors ("checkpoint.init_from='x'").
 struct HfModelFiles {
   std::string safetensors;
   std::string config_json;  // empty: none
@@ -95,16 +95,8 @@ HfModelFiles find_hf_model(const std::string& path, const std::string& what);
 
 // Refuses a file whose tensors are named for the other family than
 // `family`, before the generic missing-tensor error: "<what> has GPT-2 tensor
-// names (h.0.attn.c_attn.weight) but model.family = "llama"".
+// names (h.0.attn.c_attn.weight) but model.family = "llama": set
+// model.family="gpt2"".
 void check_tensor_family(const io::SafeTensorsReader& file, model::Family family, const std::string& what);
-
-// Before checkpoint.init_from loads `file` into a run of model `run`: the
-// file's config.json (if any) must describe the same model, every differing
-// key named ("<what>: its config.json has num_key_value_heads=2 but
-// model.n_kv_head=4"); its tensor names must be of the run's family; and a
-// bare file holding lm_head.weight is refused for a tied run (its head would
-// be dropped).
-void check_init_from(const HfModelFiles& files, const io::SafeTensorsReader& file, const model::ModelConfig& run,
-                     const std::string& what);
 
 }  // namespace lattice::train
