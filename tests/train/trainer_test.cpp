@@ -278,7 +278,8 @@ TEST(Trainer, RefusesACheckpointOfAnotherModel) {
   from.checkpoint.init_from = hf;
   EXPECT_EQ(error_of([&] { train::Trainer t(from, {false}); }),
             "checkpoint.init_from='" + hf +
-                "' holds a GPT-2 model (wte.weight) but model.family = \"llama\": set model.family=\"gpt2\"");
+                "' has GPT-2 tensor names (h.0.attn.c_attn.weight) but model.family = \"llama\": set "
+                "model.family=\"gpt2\"");
 }
 
 // A data position counts steps of one global batch: resuming it under

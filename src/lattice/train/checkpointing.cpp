@@ -1,5 +1,6 @@
 #include "lattice/train/checkpointing.h"
 
+#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -7,9 +8,11 @@
 #include "lattice/core/error.h"
 #include "lattice/io/checkpoint.h"
 #include "lattice/io/config.h"
+#include "lattice/io/file_util.h"
 #include "lattice/io/safetensors.h"
 #include "lattice/parallel/data/data_parallel.h"
 #include "lattice/layers/tensor/tensor_parallel.h"
+#include "lattice/train/hf_config.h"
 #include "lattice/train/model_io.h"
 #include "lattice/train/trainer.h"
 
@@ -190,6 +193,8 @@ std::string Trainer::save_checkpoint() {
   if (!is_root_) return "";
   files[0]->finish();
   files[1]->finish();
+  // model.safetensors + config.json make the step directory a Hugging Face model directory.
+  w->write_file("config.json", hf_config_json(model_config_));
   io::JsonValue meta = io::JsonValue::object();
   // The model section with every family default written out.
   io::RunConfig recorded = config_;
@@ -246,23 +251,41 @@ static std::optional<model::ModelConfig> recorded_model(const io::SafeTensorsRea
   return model_config_of(io::parse_saved_config(it->second, r.path() + " metadata " + kModelMetadata).model);
 }
 
-void check_init_from(const io::SafeTensorsReader& file, const model::ModelConfig& want) {
-  const std::string what = "checkpoint.init_from='" + file.path() + "'";
+// Whether tensors a and b of `file` hold the same bytes (same dtype and shape).
+static bool same_tensor(const io::SafeTensorsReader& file, const io::TensorEntry& a, const io::TensorEntry& b) {
+  return a.dtype_name == b.dtype_name && a.shape == b.shape && a.end - a.begin == b.end - b.begin &&
+         std::memcmp(file.raw(a.name), file.raw(b.name), a.end - a.begin) == 0;
+}
+
+void check_init_from(const std::string& what, const HfModelFiles& files, const io::SafeTensorsReader& file,
+                     const model::ModelConfig& want) {
   if (const std::optional<model::ModelConfig> have = recorded_model(file)) {
     // The shapes say the rest; a longer position table than seq_len is fine
     // (import_hf_group), and rotary positions have none.
     check_same_model(*have, want, what, "model.seq_len");
     return;
   }
-  // A file from elsewhere (the Hugging Face Hub): its names say its family.
-  const bool gpt2 = find_hf_tensor(file, "wte.weight") != nullptr;
-  const bool llama = file.find("model.embed_tokens.weight") != nullptr;
-  if (gpt2 && want.family != model::Family::GPT2)
-    LATTICE_FAIL(what << " holds a GPT-2 model (wte.weight) but model.family = \"" << model::name_of(want.family)
-                      << "\": set model.family=\"gpt2\"");
-  if (llama && want.family != model::Family::Llama)
-    LATTICE_FAIL(what << " holds a Llama model (model.embed_tokens.weight) but model.family = \""
-                      << model::name_of(want.family) << "\": set model.family=\"llama\"");
+  if (!files.config_json.empty()) {  // a Hugging Face directory: its config.json in its own words
+    const std::string source = "config.json '" + files.config_json + "'";
+    const io::JsonValue json = io::parse_json(io::read_whole_file(files.config_json, "config.json"), source);
+    std::string joined;
+    for (const std::string& d : model_config_differences(json, model_config_from_hf(json, source), want))
+      joined += (joined.empty() ? "" : "; ") + d;
+    LATTICE_CHECK(joined.empty(), what << ": its config.json has " << joined);
+  }
+  // A file from elsewhere: its names say its family.
+  check_tensor_family(file, want.family, what);
+  // Without a record or a config.json to say the head is tied, a separate
+  // head in the file would be silently dropped by a tied run (a copy of the
+  // embedding is not separate).
+  if (files.config_json.empty() && want.tie_embeddings) {
+    const io::TensorEntry* head = find_hf_tensor(file, "lm_head.weight");
+    const io::TensorEntry* embedding =
+        find_hf_tensor(file, want.family == model::Family::Llama ? "model.embed_tokens.weight" : "wte.weight");
+    LATTICE_CHECK(!head || (embedding && same_tensor(file, *head, *embedding)),
+                  what << " has its own lm_head.weight (an untied LM head) but model.tie_embeddings = true: set "
+                          "model.tie_embeddings=false to load it");
+  }
 }
 
 static HfSource source_of(const io::SafeTensorsReader& r, const std::string& suffix) {
@@ -322,45 +345,46 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
 
 std::unique_ptr<model::GPT> load_model_for_inference(const std::string& path, int n_head_hint) {
   LATTICE_CHECK(fs::exists(path), "checkpoint path '" << path << "' does not exist");
-  if (fs::is_directory(path)) {
-    std::string step_dir = io::resolve_checkpoint(path);
-    io::verify_checkpoint(step_dir);
-    io::JsonValue meta = io::read_checkpoint_meta(step_dir);
-    io::RunConfig cfg = io::parse_saved_config(meta.at("config").as_string(), step_dir + "/meta.json config");
-    auto gpt = std::make_unique<model::GPT>(model_config_of(cfg.model), model::GPT::NoInit{});
-    load_model_safetensors(*gpt, params_of(*gpt), (fs::path(step_dir) / "model.safetensors").string());
-    return gpt;
-  }
-  // A bare safetensors file: the model lattice recorded in it, else a GPT-2
-  // whose shape is read off the tensors.
+  const std::string what = "'" + path + "'";
+  const HfModelFiles files = find_hf_model(path, what);
+  io::SafeTensorsReader r(files.safetensors);
   model::ModelConfig mc;
-  {
-    io::SafeTensorsReader r(path);
-    if (const std::optional<model::ModelConfig> recorded = recorded_model(r)) {
-      auto gpt = std::make_unique<model::GPT>(*recorded, model::GPT::NoInit{});
-      load_model_safetensors(*gpt, params_of(*gpt), path);
-      return gpt;
-    }
+  if (const std::optional<model::ModelConfig> recorded = recorded_model(r)) {
+    mc = *recorded;
+  } else if (!files.config_json.empty()) {
+    mc = read_hf_config(files.config_json);
+  } else if (!files.step_dir.empty()) {
+    // A checkpoint from before either was written: its run config.
+    io::JsonValue meta = io::read_checkpoint_meta(files.step_dir);
+    io::RunConfig cfg = io::parse_saved_config(meta.at("config").as_string(), files.step_dir + "/meta.json config");
+    mc = model_config_of(cfg.model);
+  } else {
+    // A bare GPT-2 safetensors file: read the shape off the tensors.
+    check_tensor_family(r, model::Family::GPT2, what);
     auto find = [&r](const std::string& name) { return find_hf_tensor(r, name); };
     const io::TensorEntry* wte = find("wte.weight");
     const io::TensorEntry* wpe = find("wpe.weight");
     LATTICE_CHECK(wte && wpe && wte->shape.size() == 2 && wpe->shape.size() == 2,
-                  "'" << path << "' is not a GPT-2 model file: it needs 2-D wte.weight and wpe.weight");
+                  what << " is not a GPT-2 model file: it needs 2-D wte.weight and wpe.weight (a model of other "
+                          "parts needs its config.json beside it)");
     mc.vocab_size = static_cast<int>(wte->shape[0]);
     mc.n_embd = static_cast<int>(wte->shape[1]);
     mc.seq_len = static_cast<int>(wpe->shape[0]);
     mc.n_layer = 0;
     while (find("h." + std::to_string(mc.n_layer) + ".ln_1.weight")) mc.n_layer++;
+    mc.tie_embeddings = find("lm_head.weight") == nullptr;
     auto it = r.metadata().find("n_head");
     if (it != r.metadata().end()) {
       mc.n_head = std::atoi(it->second.c_str());
     } else {
-      LATTICE_CHECK(n_head_hint > 0, "'" << path << "' does not record n_head in its metadata: pass --n-head (12 for GPT-2 124M)");
+      LATTICE_CHECK(n_head_hint > 0,
+                    what << " does not record n_head in its metadata: pass --n-head (12 for GPT-2 124M)");
       mc.n_head = n_head_hint;
     }
   }
+  check_tensor_family(r, mc.family, what);
   auto gpt = std::make_unique<model::GPT>(mc, model::GPT::NoInit{});
-  load_model_safetensors(*gpt, params_of(*gpt), path);
+  import_hf(*gpt, params_of(*gpt), safetensors_source(r, files.safetensors));
   return gpt;
 }
 

@@ -1,10 +1,14 @@
 #include "lattice/train/model_io.h"
 
 #include <cstring>
+#include <filesystem>
 
 #include "lattice/core/error.h"
 #include "lattice/core/tensor.h"
+#include "lattice/io/checkpoint.h"
+#include "lattice/io/file_util.h"
 #include "lattice/io/safetensors.h"
+#include "lattice/train/hf_config.h"
 
 namespace lattice::train {
 
@@ -67,6 +71,11 @@ std::vector<HfTensor> export_hf(model::GPT& model, const GroupBuffer& buffer) {
   return out;
 }
 
+// The learned position embedding of either family.
+static bool is_position_table(const std::string& name) {
+  return name == "wpe.weight" || name == "model.embed_positions.weight";
+}
+
 void import_hf_group(const model::ParamGroup& group, float* base, const HfSource& src) {
   for (const model::ParamInfo& p : group.params()) {
     std::vector<int64_t> want = hf_shape(p), have;
@@ -74,10 +83,10 @@ void import_hf_group(const model::ParamGroup& group, float* base, const HfSource
                                                           << shape_string(want) << ") for this model");
     bool ok = have == want;
     // A longer position table is accepted: the first model.seq_len rows are used.
-    if (!ok && p.name == "wpe.weight" && have.size() == 2 && have[1] == want[1] && have[0] > want[0]) ok = true;
+    if (!ok && is_position_table(p.name) && have.size() == 2 && have[1] == want[1] && have[0] > want[0]) ok = true;
     LATTICE_CHECK(ok, src.source << ": tensor '" << p.name << "' has shape " << shape_string(have)
                                  << " but this model needs " << shape_string(want)
-                                 << " (check model.n_layer/n_head/n_embd/vocab_size/seq_len)");
+                                 << " (check model.n_layer/n_head/n_kv_head/n_embd/ffn_hidden/vocab_size/seq_len)");
     // A sliced parameter is read whole, then this rank's slice taken.
     std::vector<float> whole;
     if (p.shard.split_dim >= 0) {
@@ -150,6 +159,77 @@ HfSource safetensors_source(const io::SafeTensorsReader& file, const std::string
     std::memcpy(out, all.data() + first, count * sizeof(float));
   };
   return src;
+}
+
+namespace fs = std::filesystem;
+
+HfModelFiles find_hf_model(const std::string& path, const std::string& what) {
+  LATTICE_CHECK(fs::exists(path), what << " does not exist");
+  HfModelFiles files;
+  auto beside = [](const fs::path& p) {
+    const fs::path config = p.parent_path() / "config.json";
+    return fs::is_regular_file(config) ? config.string() : std::string();
+  };
+  if (!fs::is_directory(path)) {
+    files.safetensors = path;
+    files.config_json = beside(path);
+    return files;
+  }
+  const fs::path dir(path);
+  if (fs::exists(dir / "model.safetensors") && !fs::exists(dir / "meta.json")) {  // an HF model directory
+    files.safetensors = (dir / "model.safetensors").string();
+    files.config_json = beside(files.safetensors);
+    return files;
+  }
+  LATTICE_CHECK(!fs::exists(dir / "model.safetensors.index.json"),
+                what << " holds a sharded model (model.safetensors.index.json): lattice reads one "
+                        "model.safetensors; merge the shards into one file first");
+  // A lattice checkpoint: a step directory, or a run directory's newest step.
+  LATTICE_CHECK(fs::exists(dir / "meta.json") || fs::exists(dir / "latest") || !io::list_checkpoints(path).empty(),
+                what << " is a directory without model.safetensors: give a safetensors file, a Hugging Face model "
+                        "directory (model.safetensors + config.json) or a lattice checkpoint directory");
+  files.step_dir = io::resolve_checkpoint(path);
+  io::verify_checkpoint(files.step_dir);
+  files.safetensors = (fs::path(files.step_dir) / "model.safetensors").string();
+  files.config_json = beside(files.safetensors);
+  return files;
+}
+
+namespace {
+
+std::string without_transformer_prefix(const std::string& name) {
+  return name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
+}
+bool is_gpt2_name(const std::string& stored) {
+  const std::string n = without_transformer_prefix(stored);
+  return n == "wte.weight" || n == "wpe.weight" || n.rfind("h.", 0) == 0 || n.rfind("ln_f.", 0) == 0;
+}
+bool is_llama_name(const std::string& n) {
+  return n.rfind("model.layers.", 0) == 0 || n == "model.embed_tokens.weight" || n.rfind("model.norm.", 0) == 0;
+}
+
+// A name of the file's that `is_family` accepts, `preferred` if the file has
+// it; empty when none.
+std::string example_name(const io::SafeTensorsReader& file, bool (*is_family)(const std::string&),
+                         const std::string& preferred) {
+  if (const io::TensorEntry* e = find_hf_tensor(file, preferred)) return e->name;
+  for (const io::TensorEntry& e : file.tensors())
+    if (is_family(e.name)) return e.name;
+  return "";
+}
+
+}  // namespace
+
+void check_tensor_family(const io::SafeTensorsReader& file, model::Family family, const std::string& what) {
+  const std::string gpt2 = example_name(file, is_gpt2_name, "h.0.attn.c_attn.weight");
+  const std::string llama = example_name(file, is_llama_name, "model.layers.0.self_attn.q_proj.weight");
+  if (family == model::Family::Llama) {
+    LATTICE_CHECK(gpt2.empty() || !llama.empty(), what << " has GPT-2 tensor names (" << gpt2
+                                                       << ") but model.family = \"llama\": set model.family=\"gpt2\"");
+  } else {
+    LATTICE_CHECK(llama.empty() || !gpt2.empty(), what << " has Llama tensor names (" << llama
+                                                       << ") but model.family = \"gpt2\": set model.family=\"llama\"");
+  }
 }
 
 }  // namespace lattice::train

@@ -80,4 +80,23 @@ const io::TensorEntry* find_hf_tensor(const io::SafeTensorsReader& file, const s
 // The tensors of an open safetensors file (r must outlive the source); `path` names it in errors.
 HfSource safetensors_source(const io::SafeTensorsReader& r, const std::string& path);
 
+// A model to load, as given to checkpoint.init_from or `lattice generate`:
+//   a safetensors file            config.json beside it is its config, if there is one
+//   an HF model directory         model.safetensors + config.json
+//   a lattice checkpoint          a run directory (its newest step) or a step directory,
+//                                 whose files are verified against meta.json's checksums
+// `what` names the path in errors ("checkpoint.init_from='x'").
+struct HfModelFiles {
+  std::string safetensors;
+  std::string config_json;  // empty: none
+  std::string step_dir;     // a lattice checkpoint's step directory (its meta.json lists the files); else empty
+};
+HfModelFiles find_hf_model(const std::string& path, const std::string& what);
+
+// Refuses a file whose tensors are named for the other family than
+// `family`, before the generic missing-tensor error: "<what> has GPT-2 tensor
+// names (h.0.attn.c_attn.weight) but model.family = "llama": set
+// model.family="gpt2"".
+void check_tensor_family(const io::SafeTensorsReader& file, model::Family family, const std::string& what);
+
 }  // namespace lattice::train

@@ -296,9 +296,11 @@ void Trainer::build(uint64_t seed) {
   // file (every rank reads it and keeps its part); resuming overwrites them
   // all, so nothing is drawn then.
   if (!config_.checkpoint.init_from.empty()) {
-    io::SafeTensorsReader file(config_.checkpoint.init_from);
-    check_init_from(file, model_config_);
-    const HfSource src = safetensors_source(file, config_.checkpoint.init_from);
+    const std::string what = "checkpoint.init_from='" + config_.checkpoint.init_from + "'";
+    const HfModelFiles files = find_hf_model(config_.checkpoint.init_from, what);
+    io::SafeTensorsReader file(files.safetensors);
+    check_init_from(what, files, file, model_config_);
+    const HfSource src = safetensors_source(file, files.safetensors);
     load_state(&src, 1);
   } else if (config_.checkpoint.resume.empty()) {
     dp_->initialize(seed);
