@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -437,6 +438,67 @@ TEST(Trainer, CheckpointLoadsInPyTorchWithTheSameLoss) {
                     io::resolve_checkpoint("latest", cfg.checkpoint.dir) + "/model.safetensors --tokens " + shard +
                     " --batch 3 --seq 16 --expect " + expect + " --rtol 1e-5";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// The same for a Llama (grouped heads, rotary positions, SwiGLU, untied
+// head): tools/llama_reference.py, written from HF's LlamaForCausalLM, reads
+// only the checkpoint's model.safetensors and config.json (HF's names and
+// keys), and must get lattice's loss on a sequence and lattice's greedy
+// tokens — which lattice decodes with its key/value cache, the reference by
+// recomputing the whole prefix for every token. Needs python3-torch.
+TEST(Trainer, LlamaCheckpointGivesPyTorchTheSameLossAndGreedyTokens) {
+  if (std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3-torch is not installed (apt-get install python3-torch)";
+  fs::path dir = scratch("pytorch_llama");
+  for (const int kv : {2, 1}) {
+    io::RunConfig cfg = tiny_run();
+    io::apply_override(cfg, "model.family=llama");
+    cfg.model.n_head = 4;
+    cfg.model.n_kv_head = kv;
+    cfg.model.ffn_hidden = 48;
+    cfg.train.steps = 8;
+    cfg.checkpoint.dir = (dir / ("run_kv" + std::to_string(kv))).string();
+    train::Trainer t(cfg, {false});
+    t.run();
+    const std::string step_dir = io::resolve_checkpoint("latest", cfg.checkpoint.dir);
+    ASSERT_TRUE(fs::exists(step_dir + "/config.json")) << step_dir;
+    // A sequence of 16 tokens: its loss ...
+    Rng rng(11 + kv);
+    std::vector<int32_t> seq(17);
+    for (int32_t& id : seq) id = static_cast<int32_t>(rng.next_below(300));
+    const float loss = t.model().evaluate(seq.data(), seq.data() + 1, 1, 16);
+    // ... and 8 greedy tokens after its first 5 (past seq_len = 16: the window slides).
+    std::unique_ptr<model::GPT> gen = train::load_model_for_inference(step_dir, 0);
+    std::vector<int32_t> context(seq.begin(), seq.begin() + 5), greedy;
+    for (int i = 0; i < 14; i++) {
+      const float* logits = gen->next_logits(context.data(), static_cast<int64_t>(context.size()));
+      const int id = static_cast<int>(std::max_element(logits, logits + 300) - logits);
+      greedy.push_back(id);
+      context.push_back(id);
+    }
+    auto ids = [](const std::vector<int32_t>& v, size_t n) {
+      std::string s;
+      for (size_t i = 0; i < n; i++) s += (i ? "," : "") + std::to_string(v[i]);
+      return s;
+    };
+    const std::string tool = "/usr/bin/python3 " + std::string(LATTICE_SOURCE_DIR) + "/tools/llama_reference.py ";
+    auto run = [](const std::string& cmd) {
+      std::string out;
+      FILE* f = popen(cmd.c_str(), "r");
+      char buf[4096];
+      while (f && std::fgets(buf, sizeof buf, f)) out += buf;
+      EXPECT_EQ(f ? pclose(f) : -1, 0) << cmd;
+      return out;
+    };
+    const std::string eval = run(tool + "eval --model " + step_dir + " --tokens " + ids(seq, seq.size()));
+    const double want = std::stod(eval.substr(eval.find(':') + 1));
+    EXPECT_NEAR(loss, want, 1e-5 * want) << "n_kv_head=" << kv << ": " << eval;
+    std::string gen_out = run(tool + "generate --model " + step_dir + " --prompt " + ids(seq, 5) + " --n 14");
+    gen_out.erase(std::remove(gen_out.begin(), gen_out.end(), ' '), gen_out.end());
+    EXPECT_NE(gen_out.find("[" + ids(greedy, greedy.size()) + "]"), std::string::npos)
+        << "n_kv_head=" << kv << ": lattice's greedy tokens " << ids(greedy, greedy.size()) << ", the reference's "
+        << gen_out;
+  }
 }
 
 // A resumed run continues the metrics file from the checkpoint's step: lines
