@@ -143,8 +143,8 @@ const std::vector<Key>& keys() {
         by_family(key<&R::model, &ModelSection::tie_embeddings>(
             "model", "tie_embeddings", any(), "the LM head is the token embedding (one matrix, counted once)")),
 
-        key<&R::parallel, &ParallelSection::dp>("parallel", "dp", at_least(1),
-                                                "data-parallel degree: model replicas, each on its own part of the batch"),
+        key<&R::parallel, &ParallelSection::dp>(
+            "parallel", "dp", at_least(1), "data-parallel degree: model replicas, each on its own part of the batch"),
         key<&R::parallel, &ParallelSection::tp>("parallel", "tp", at_least(1),
                                                 "tensor-parallel degree: each weight matrix split over tp ranks"),
         key<&R::parallel, &ParallelSection::pp>("parallel", "pp", at_least(1),
@@ -216,17 +216,17 @@ const std::vector<Key>& keys() {
         key<&R::precision, &PrecisionSection::compute>(
             "precision", "compute", one_of({"f32", "bf16", "f16"}),
             "compute dtype of weights and activations; master weights and optimizer state stay f32"),
-        Key{"precision", "loss_scale", Kind::LossScale,
-            &field_of<&R::precision, &PrecisionSection::loss_scale>, above(0),
-            "\"dynamic\" or a fixed positive loss scale"},
+        Key{"precision", "loss_scale", Kind::LossScale, &field_of<&R::precision, &PrecisionSection::loss_scale>,
+            above(0), "\"dynamic\" or a fixed positive loss scale"},
         key<&R::precision, &PrecisionSection::loss_scale_init>("precision", "loss_scale_init", above(0),
                                                                "initial dynamic loss scale"),
-        key<&R::precision, &PrecisionSection::loss_scale_window>(
-            "precision", "loss_scale_window", at_least(1), "overflow-free steps before the dynamic scale grows"),
-        key<&R::precision, &PrecisionSection::loss_scale_backoff>(
-            "precision", "loss_scale_backoff", open_open(0, 1), "factor on the dynamic scale after an overflow"),
+        key<&R::precision, &PrecisionSection::loss_scale_window>("precision", "loss_scale_window", at_least(1),
+                                                                 "overflow-free steps before the dynamic scale grows"),
+        key<&R::precision, &PrecisionSection::loss_scale_backoff>("precision", "loss_scale_backoff", open_open(0, 1),
+                                                                  "factor on the dynamic scale after an overflow"),
         key<&R::precision, &PrecisionSection::loss_scale_growth>(
-            "precision", "loss_scale_growth", above(1), "factor on the dynamic scale after loss_scale_window clean steps"),
+            "precision", "loss_scale_growth", above(1),
+            "factor on the dynamic scale after loss_scale_window clean steps"),
         key<&R::precision, &PrecisionSection::loss_scale_min>("precision", "loss_scale_min", above(0),
                                                               "the dynamic scale never backs off below this"),
 
@@ -242,8 +242,8 @@ const std::vector<Key>& keys() {
         key<&R::compression, &CompressionSection::rank>(
             "compression", "rank", at_least(1),
             "PowerSGD's rank r: each weight matrix's gradient is sent as two factors of r columns"),
-        key<&R::compression, &CompressionSection::warmup_steps>(
-            "compression", "warmup_steps", at_least(0), "steps reduced uncompressed before compression starts"),
+        key<&R::compression, &CompressionSection::warmup_steps>("compression", "warmup_steps", at_least(0),
+                                                                "steps reduced uncompressed before compression starts"),
 
         key<&R::data, &DataSection::train>("data", "train", any(),
                                            "glob of training .bin shards (empty = synthetic random tokens)"),
@@ -251,21 +251,24 @@ const std::vector<Key>& keys() {
 
         key<&R::checkpoint, &CheckpointSection::dir>("checkpoint", "dir", any(),
                                                      "directory of checkpoints (empty = no checkpoints)"),
-        key<&R::checkpoint, &CheckpointSection::every>("checkpoint", "every", at_least(0),
-                                                       "write a checkpoint every N steps (0 = only at the end of the run)"),
+        key<&R::checkpoint, &CheckpointSection::every>(
+            "checkpoint", "every", at_least(0), "write a checkpoint every N steps (0 = only at the end of the run)"),
         key<&R::checkpoint, &CheckpointSection::keep>("checkpoint", "keep", at_least(0),
                                                       "keep the newest N checkpoints (0 = keep all)"),
         key<&R::checkpoint, &CheckpointSection::resume>(
             "checkpoint", "resume", any(),
             "\"\" starts fresh, \"latest\" resumes from the newest checkpoint in dir, or a checkpoint path"),
         key<&R::checkpoint, &CheckpointSection::init_from>(
-            "checkpoint", "init_from", any(), "initialise weights from this safetensors file (HF GPT-2 names)"),
+            "checkpoint", "init_from", any(),
+            "initialise weights from a safetensors file, a Hugging Face model directory (model.safetensors + "
+            "config.json) or a lattice checkpoint, in the family's HF names"),
 
         key<&R::log, &LogSection::every>("log", "every", at_least(1), "print a step line every N steps"),
         key<&R::log, &LogSection::metrics_file>("log", "metrics_file", any(),
                                                 "append one JSON object per step to this file (empty = none)"),
-        key<&R::log, &LogSection::trace_file>("log", "trace_file", any(),
-                                              "write the pipeline timeline of the latest step here, Chrome trace JSON (empty = none)"),
+        key<&R::log, &LogSection::trace_file>(
+            "log", "trace_file", any(),
+            "write the pipeline timeline of the latest step here, Chrome trace JSON (empty = none)"),
     };
     return k;
   }();
