@@ -470,6 +470,34 @@ TEST(TensorParallel, CheckpointAtTp2ResumesAtTp1AndTp4) {
   if (world().size() >= 4) resumed(layout(1000, 4, true), groups_of(4));
 }
 
+// The same for a Llama whose 2 key/value heads are replicated at tp=4 (each
+// whole on two ranks): its checkpoint holds each head once, whole, and
+// resumes at tp=1 and at tp=2 (heads split) as the uninterrupted run.
+TEST(TensorParallel, LlamaCheckpointAtTp4ResumesAtTp1AndTp2) {
+  if (world().size() < 4) GTEST_SKIP() << "needs 4 ranks";
+  const fs::path dir = shared_dir("ckpt_llama");
+  auto llama = [](io::RunConfig c) {
+    for (const char* set : {"model.family=llama", "model.n_kv_head=2", "model.ffn_hidden=64"})
+      io::apply_override(c, set);
+    return c;
+  };
+  const RunResult want = train(llama(layout(1000, 1, false)), self());
+  comm::Communicator& fours = groups_of(4);
+  comm::Communicator& pairs = groups_of(2);
+  if (world().rank() < 4) train(llama(layout(1000, 4, true)), fours, 5, dir.string());
+  world().barrier();
+  auto resumed = [&](io::RunConfig c, comm::Communicator& ranks) {
+    c.checkpoint.resume = (dir / "step_000005").string();
+    RunResult r = train(c, ranks, 5);
+    RunResult full = want;
+    full.losses.erase(full.losses.begin(), full.losses.begin() + 5);
+    full.norms.erase(full.norms.begin(), full.norms.begin() + 5);
+    expect_same_run(r, full, describe(c) + " resumed from a Llama at tp=4");
+  };
+  resumed(llama(layout(1000, 1, false)), self());
+  resumed(llama(layout(1000, 2, true)), pairs);
+}
+
 // ---------------------------------------------------------------- bytes --
 
 // One micro-batch (forward + backward) of a GPT on a TP group, and the bytes
