@@ -1,8 +1,10 @@
 // The model as pipeline stages: a GPT built for layers [first, last) runs
 // exactly its share of the whole model's arithmetic. Chained (output
 // activation forward, input gradient backward) the stages give the whole
-// model's loss and every gradient bitwise — the tied wte's as the sum of the
-// first stage's lookup share and the last stage's head share.
+// model's loss and every gradient bitwise — a tied token embedding's as the
+// sum of the first stage's lookup share and the last stage's head share; an
+// untied head lives in the final group of the last stage. On every model
+// variant of model_variants.h (in CTest PipelineStages.X/gpt2, /llama_gqa, ...).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,9 +17,12 @@
 #include "../io/test_util.h"
 #include "lattice/core/error.h"
 #include "lattice/model/gpt.h"
+#include "model_variants.h"
 
 using namespace lattice;
 using namespace lattice::model;
+using lattice::model::testing::as_variant;
+using lattice::model::testing::Variant;
 
 namespace {
 
@@ -84,8 +89,15 @@ std::vector<float> run_whole(GPT& whole, int micro) {
   return losses;
 }
 
-TEST(PipelineStages, ChainedStagesAreTheWholeModel) {
-  const ModelConfig c = tiny();
+class PipelineStages : public ::testing::TestWithParam<Variant> {
+ protected:
+  static ModelConfig config() { return as_variant(tiny(), GetParam()); }
+};
+INSTANTIATE_TEST_SUITE_P(, PipelineStages, lattice::model::testing::kAllVariants);
+
+TEST_P(PipelineStages, ChainedStagesAreTheWholeModel) {
+  const ModelConfig c = config();
+  const bool tied = c.tie_embeddings;
   GPT whole(c, 7);
   for (const std::vector<int>& cuts : {std::vector<int>{0, 2, 4}, std::vector<int>{0, 1, 3, 4}})
     for (bool split : {false, true})
@@ -105,7 +117,22 @@ TEST(PipelineStages, ChainedStagesAreTheWholeModel) {
             ASSERT_EQ(g.numel(), w->numel());
             EXPECT_EQ(std::memcmp(g.data(), w->data(), sizeof(float) * g.numel()), 0) << what << " " << g.name();
           }
-        EXPECT_TRUE(stages.front()->has_embedding() && stages.back()->has_embedding());
+        // A tied embedding on the first and the last stage; untied, on the
+        // first only, and lm_head in the last stage's final group.
+        if (tied) {
+          EXPECT_TRUE(stages.front()->has_embedding() && stages.back()->has_embedding());
+        } else {
+          EXPECT_TRUE(stages.front()->has_embedding());
+          EXPECT_FALSE(stages.back()->has_embedding());
+          for (size_t i = 0; i < stages.size(); i++) {
+            const ParamGroup* head = stages[i]->find_param("lm_head.weight").first;
+            if (i + 1 == stages.size()) {
+              EXPECT_EQ(head, &stages[i]->final_group()) << what;
+            } else {
+              EXPECT_EQ(head, nullptr) << what << " stage " << i;
+            }
+          }
+        }
         if (stages.size() == 3) {
           EXPECT_FALSE(stages[1]->has_embedding());
         }
@@ -113,16 +140,17 @@ TEST(PipelineStages, ChainedStagesAreTheWholeModel) {
         EXPECT_EQ(got, want) << what;
         for (auto& s : stages)
           for (const ParamGroup& g : s->groups()) {
-            if (g.name() == "embedding") continue;
+            if (tied && g.name() == "embedding") continue;
             const ParamGroup* w = group_named(whole, g.name());
             EXPECT_EQ(std::memcmp(g.grad(), w->grad(), sizeof(float) * g.numel()), 0) << what << " " << g.name();
           }
+        if (!tied) continue;  // the embedding, on the first stage alone, compared above
         // wte: the lookup's share (first stage) + the head's (last stage);
         // with one micro-batch the same single addition as the whole model.
         ParamGroup& first = stages.front()->embedding_group();
         ParamGroup& last = stages.back()->embedding_group();
         ParamGroup& w = whole.embedding_group();
-        const int64_t n_wte = w.params()[0].numel(), n_wpe = w.params()[1].numel();
+        const int64_t n_wte = w.params()[0].numel();
         double worst = 0;
         bool bitwise = true;
         for (int64_t i = 0; i < n_wte; i++) {
@@ -134,6 +162,11 @@ TEST(PipelineStages, ChainedStagesAreTheWholeModel) {
           EXPECT_TRUE(bitwise) << what;
         }
         EXPECT_LE(worst, 1e-7) << what;
+        if (!c.learned_positions()) {
+          EXPECT_EQ(w.params().size(), 1u) << "rotary positions: no position table";
+          continue;
+        }
+        const int64_t n_wpe = w.params()[1].numel();
         EXPECT_EQ(std::memcmp(first.param_grad(1), w.param_grad(1), sizeof(float) * n_wpe), 0)
             << what << " wpe (the first stage's alone)";
         EXPECT_FALSE(last.grad_written(1)) << "the last stage never touches wpe";
@@ -145,8 +178,8 @@ TEST(PipelineStages, ChainedStagesAreTheWholeModel) {
 // fused backward of 0 then 1. The weight gradients then add in the other
 // order (g1 + g0 instead of g0 + g1): equal for the blocks' GEMMs and
 // LayerNorms up to that one reassociation.
-TEST(PipelineStages, SplitBackwardInAnyOrderOfWeightPasses) {
-  const ModelConfig c = tiny();
+TEST_P(PipelineStages, SplitBackwardInAnyOrderOfWeightPasses) {
+  const ModelConfig c = config();
   GPT fused(c, 9), split(c, 9);
   const std::vector<int32_t> in0 = ids(0), tg0 = ids(50), in1 = ids(1), tg1 = ids(51);
   fused.zero_grad();
@@ -173,8 +206,8 @@ TEST(PipelineStages, SplitBackwardInAnyOrderOfWeightPasses) {
   }
 }
 
-TEST(PipelineStages, MisuseIsRefusedWithAMessage) {
-  const ModelConfig c = tiny();
+TEST_P(PipelineStages, MisuseIsRefusedWithAMessage) {
+  const ModelConfig c = config();
   using io::testing::error_of;
   EXPECT_NE(error_of([&] {
               GPT g(c, 1, nullptr, StageLayers{2, 2});
