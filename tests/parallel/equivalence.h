@@ -148,18 +148,32 @@ inline std::unique_ptr<train::Trainer> trained(const io::RunConfig& c, comm::Com
   return t;
 }
 
-// Trains `c` on `ranks` for `steps` steps; returns the first parameter that
-// is whole on every TP rank (ShardSpec split_dim < 0) and whose values differ
-// between the TP ranks of this rank's model, or "" when there is none
-// (collective: every TP rank of a group walks the same parameters).
+// Trains `c` on `ranks` for `steps` steps; returns the first parameter held
+// alike by several TP ranks — whole on every rank (ShardSpec split_dim < 0),
+// or a piece held whole by `replicas` ranks (key/value heads kept whole on
+// the ranks of their query heads) — whose values differ between those ranks
+// of this rank's model, or "" when there is none (collective: every TP rank
+// of a group walks the same parameters).
 inline std::string replicated_param_differing_over_tp(const io::RunConfig& c, comm::Communicator& ranks, int steps) {
   const std::unique_ptr<train::Trainer> trainer = trained(c, ranks, steps);
   train::Trainer& t = *trainer;
+  comm::Communicator& tp = t.mesh().tp();
   for (model::ParamGroup& g : t.model().groups())
     for (const model::ParamInfo& p : g.params()) {
-      if (p.shard.split_dim >= 0) continue;
       const float* v = g.data() + p.offset;
-      if (first_differing_rank(t.mesh().tp(), std::vector<float>(v, v + p.numel())) != -1) return p.name;
+      if (p.shard.split_dim < 0) {
+        if (first_differing_rank(tp, std::vector<float>(v, v + p.numel())) != -1) return p.name;
+        continue;
+      }
+      const int r = p.shard.replicas;
+      if (r == 1) continue;
+      // Every rank's slice; the holders of one piece are r consecutive ranks.
+      const size_t n = static_cast<size_t>(p.numel());
+      std::vector<float> all(n * static_cast<size_t>(tp.size()));
+      tp.all_gather(v, all.data(), n, DType::F32);
+      for (int q = 0; q < tp.size(); q++)
+        if (!std::equal(all.begin() + q * n, all.begin() + (q + 1) * n, all.begin() + (q / r * r) * n))
+          return p.name + " (tp rank " + std::to_string(q) + " against the first holder of its piece)";
     }
   return "";
 }

@@ -34,7 +34,11 @@ struct AdamWSegment {
   int64_t n = 0;
   int64_t state_offset = 0;
   bool decay = false;
-  bool replicated = false;  // a parameter whole on every rank of a tensor-parallel group (ShardSpec split_dim < 0)
+  // Ranks of the tensor-parallel group that hold these values alike: 0 (every
+  // rank: a parameter whole everywhere, ShardSpec split_dim < 0), r > 1 (a
+  // piece held by r consecutive ranks, ShardSpec::replicas: key/value heads
+  // kept whole on the ranks of their query heads), or 1 (a slice of its own).
+  int replicas = 1;
 };
 
 class AdamW {

@@ -13,18 +13,32 @@ void average_replicated_grads(const GradientReducer& reducer, const optim::AdamW
   const GradCodec c = reducer.options().spec.codec;
   const bool mixes = c == GradCodec::Int8 || c == GradCodec::OneBit || c == GradCodec::TopK || c == GradCodec::PowerSgd;
   if (tp.size() == 1 || !reducer.compressing() || !mixes) return;
+  // One all-reduce: a segment whole on every rank has one place in the
+  // buffer; a piece held by r ranks has a place per piece (t / r of them),
+  // where its r holders put their values and the others zeros, so each
+  // place sums one piece's copies.
+  const int t = tp.size();
+  auto places = [t](const optim::AdamWSegment& s) { return s.replicas == 0 ? 1 : t / s.replicas; };
+  auto holders = [t](const optim::AdamWSegment& s) { return s.replicas == 0 ? t : s.replicas; };
+  auto place = [&tp](const optim::AdamWSegment& s) { return s.replicas == 0 ? 0 : tp.rank() / s.replicas; };
   int64_t n = 0;
   for (const optim::AdamWSegment& s : optimizer.segments())
-    if (s.replicated) n += s.n;
-  std::vector<float> values(static_cast<size_t>(n));
+    if (s.replicas != 1) n += s.n * places(s);
+  if (n == 0) return;
+  std::vector<float> values(static_cast<size_t>(n), 0.0f);
   int64_t at = 0;
   for (const optim::AdamWSegment& s : optimizer.segments())
-    if (s.replicated) std::memcpy(values.data() + at, s.grad, sizeof(float) * s.n), at += s.n;
+    if (s.replicas != 1)
+      std::memcpy(values.data() + at + s.n * place(s), s.grad, sizeof(float) * s.n), at += s.n * places(s);
   tp.all_reduce(values.data(), values.size(), DType::F32, comm::ReduceOp::Sum);
-  kernels::scale_inplace(values.data(), 1.0f / static_cast<float>(tp.size()), n);
   at = 0;
-  for (const optim::AdamWSegment& s : optimizer.segments())
-    if (s.replicated) std::memcpy(const_cast<float*>(s.grad), values.data() + at, sizeof(float) * s.n), at += s.n;
+  for (const optim::AdamWSegment& s : optimizer.segments()) {
+    if (s.replicas == 1) continue;
+    float* mine = values.data() + at + s.n * place(s);
+    kernels::scale_inplace(mine, 1.0f / static_cast<float>(holders(s)), s.n);
+    std::memcpy(const_cast<float*>(s.grad), mine, sizeof(float) * s.n);
+    at += s.n * places(s);
+  }
 }
 
 namespace {
@@ -145,8 +159,8 @@ comm::CommStream::Ticket GradientReducer::all_reduce(int64_t key, float* chunk, 
   });
 }
 
-comm::CommStream::Ticket GradientReducer::reduce_scatter(int64_t key, float* chunk, int64_t k, float* dst, bool accumulate,
-                                                   std::string label) {
+comm::CommStream::Ticket GradientReducer::reduce_scatter(int64_t key, float* chunk, int64_t k, float* dst,
+                                                         bool accumulate, std::string label) {
   auto place = [k, dst, accumulate](const float* sum) {
     if (accumulate) {
       for (int64_t i = 0; i < k; i++) dst[i] += sum[i];
@@ -173,9 +187,9 @@ comm::CommStream::Ticket GradientReducer::reduce_scatter(int64_t key, float* chu
   });
 }
 
-comm::CommStream::Ticket GradientReducer::post_lowrank(int64_t key, float* data, const LowRankLayout& layout, int64_t chunks,
-                                                 int64_t k, uint64_t uncompressed, comm::CommStream::Then then,
-                                                 std::string label) {
+comm::CommStream::Ticket GradientReducer::post_lowrank(int64_t key, float* data, const LowRankLayout& layout,
+                                                       int64_t chunks, int64_t k, uint64_t uncompressed,
+                                                       comm::CommStream::Then then, std::string label) {
   const int n = stream_.comm().size();
   LATTICE_CHECK(lowrank(), "internal: a PowerSGD reduction posted while not compressing with it");
   LATTICE_CHECK(layout.extent <= chunks * n * k,
@@ -193,15 +207,16 @@ comm::CommStream::Ticket GradientReducer::post_lowrank(int64_t key, float* data,
 }
 
 comm::CommStream::Ticket GradientReducer::all_reduce_lowrank(int64_t key, float* data, const LowRankLayout& layout,
-                                                       int64_t chunks, int64_t k, std::string label) {
+                                                             int64_t chunks, int64_t k, std::string label) {
   const uint64_t n = static_cast<uint64_t>(stream_.comm().size());
   const uint64_t plain = 2ull * (n - 1) * static_cast<uint64_t>(chunks * k) * sizeof(float);
   return post_lowrank(key, data, layout, chunks, k, plain, {}, std::move(label));
 }
 
 comm::CommStream::Ticket GradientReducer::reduce_scatter_lowrank(int64_t key, float* data, const LowRankLayout& layout,
-                                                           int64_t chunks, int64_t k, float* dst, int64_t dst_stride,
-                                                           bool accumulate, std::string label) {
+                                                                 int64_t chunks, int64_t k, float* dst,
+                                                                 int64_t dst_stride, bool accumulate,
+                                                                 std::string label) {
   const int n = stream_.comm().size(), rank = stream_.comm().rank();
   const uint64_t plain = static_cast<uint64_t>(n - 1) * static_cast<uint64_t>(chunks * k) * sizeof(float);
   auto place = [data, chunks, k, n, rank, dst, dst_stride, accumulate] {

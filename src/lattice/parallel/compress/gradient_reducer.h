@@ -161,8 +161,10 @@ class GradientReducer {
 // After a step's reductions (collective over `tp`, whose ranks have the same
 // segments): when `reducer` compressed them with int8, onebit, topk or
 // PowerSGD, the reduced gradients of `optimizer`'s replicated segments are
-// averaged over `tp` (one all-reduce of a few percent of the model) so they
-// stay one parameter; otherwise nothing happens.
+// averaged over the ranks that hold them — `tp` for a parameter whole on
+// every rank, the ranks of a key/value head kept whole on several
+// (AdamWSegment::replicas) — in one all-reduce of a few percent of the model,
+// so each stays one parameter; otherwise nothing happens.
 void average_replicated_grads(const GradientReducer& reducer, const optim::AdamW& optimizer, comm::Communicator& tp);
 
 }  // namespace lattice::parallel

@@ -222,7 +222,8 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
         seg.n = run.n;
         seg.state_offset = p.state_base[g] + run.shard_offset;
         seg.decay = group.params()[run.param].weight_decay;
-        seg.replicated = group.params()[run.param].shard.split_dim < 0;
+        const model::ShardSpec& shard = group.params()[run.param].shard;
+        seg.replicas = shard.split_dim < 0 ? 0 : shard.replicas;
         segments.push_back(seg);
       }
       if (!is_embedding(p, g)) pooled.push_back(group.capacity());
