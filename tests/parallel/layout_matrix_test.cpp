@@ -184,6 +184,10 @@ const Row kRows[] = {
      "llama"},
     {"llama f16 dp2 x pp2 ZeRO-1", 4, "precision.compute=f16 parallel.dp=2 parallel.pp=2 parallel.zero_stage=1",
      Check::Close16, "llama"},
+    {"llama bf16 bias tp2 SP", 2, "precision.compute=bf16 parallel.tp=2 parallel.sequence_parallel=true model.bias=true",
+     Check::Close16, "llama"},
+    {"llama f16 bias tp4 kv replicated", 4, "precision.compute=f16 parallel.tp=4 model.bias=true", Check::Close16,
+     "llama"},
     {"llama bf16 zb-h1 (split backward)", 1, "precision.compute=bf16 parallel.schedule=zb-h1", Check::Close16,
      "llama"},
     // every codec
