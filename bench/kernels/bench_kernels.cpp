@@ -196,25 +196,31 @@ void BM_linear_bias(benchmark::State& state, LinearShape shape, bool fused, int 
 
 // ---- Attention ------------------------------------------------------------------
 // FLOPs counted for the causal half only (what a masked implementation has to
-// do): forward 2 GEMMs (QKᵀ, PV) = 2·2·hs·T(T+1)/2 per head; backward 5 (QKᵀ
-// recompute, dP, dV, dQ, dK).
-double attention_flops(int B, int T, int C, int gemms) { return gemms * 2.0 * B * C * (T * (T + 1.0) / 2.0); }
+// do): forward 2 GEMMs (QKᵀ, PV) = 2·2·hs·T(T+1)/2 per query head; backward 5
+// (QKᵀ recompute, dP, dV, dQ, dK). Grouped-query attention does the same
+// arithmetic per query head as multi-head (K/V heads are shared, not fewer
+// products), so its rate compares directly.
+double attention_flops(int B, int T, int NH, int hs, int gemms) {
+  return gemms * 2.0 * B * NH * hs * (T * (T + 1.0) / 2.0);
+}
 
-void BM_attention(benchmark::State& state, int B, int T, bool backward, int threads) {
+// GPT-2 124M's attention (NH = NKV = 12, hs = 64), or a grouped-query
+// variant of it (NKV < NH key/value heads).
+void BM_attention(benchmark::State& state, int B, int T, int NH, int NKV, int hs, bool backward, int threads) {
   set_threads(threads);
-  const int C = 768, NH = 12;
-  auto qkv = random_vector(static_cast<size_t>(B) * T * 3 * C, 1.0f, 4);
-  auto dout = random_vector(static_cast<size_t>(B) * T * C, 1.0f, 5);
+  const int64_t ld = static_cast<int64_t>(NH + 2 * NKV) * hs, width = static_cast<int64_t>(NH) * hs;
+  auto qkv = random_vector(static_cast<size_t>(B) * T * ld, 1.0f, 4);
+  auto dout = random_vector(static_cast<size_t>(B) * T * width, 1.0f, 5);
   std::vector<float> out(dout.size()), lse(B * NH * T), dqkv(qkv.size());
-  k::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+  k::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NKV, hs);
   for (auto _ : state) {
     if (backward)
-      k::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+      k::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, NH, NKV, hs);
     else
-      k::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+      k::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NKV, hs);
     benchmark::ClobberMemory();
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(attention_flops(B, T, C, backward ? 5 : 2) * 1e-9,
+  state.counters["GFLOP/s"] = benchmark::Counter(attention_flops(B, T, NH, hs, backward ? 5 : 2) * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
 
@@ -439,9 +445,12 @@ void register_others() {
       shape += "_T";
       shape += std::to_string(T);
       shape += "_C768_NH12";
-      add("attention_fwd/" + shape, threads, BM_attention, B, T, false);
-      add("attention_bwd/" + shape, threads, BM_attention, B, T, true);
+      add("attention_fwd/" + shape, threads, BM_attention, B, T, 12, 12, 64, false);
+      add("attention_bwd/" + shape, threads, BM_attention, B, T, 12, 12, 64, true);
     }
+    // Grouped-query: GPT-2 small's 12 query heads sharing 4 key/value heads.
+    add("attention_fwd/B4_T256_NH12_NKV4_hs64", threads, BM_attention, 4, 256, 12, 4, 64, false);
+    add("attention_bwd/B4_T256_NH12_NKV4_hs64", threads, BM_attention, 4, 256, 12, 4, 64, true);
     add("layernorm_fwd/N1024_C768", threads, BM_layernorm, 0);
     add("layernorm_bwd_input/N1024_C768", threads, BM_layernorm, 1);
     add("layernorm_bwd_weight/N1024_C768", threads, BM_layernorm, 2);

@@ -1,6 +1,7 @@
 #include "lattice/io/config.h"
 
 #include <algorithm>
+#include <optional>
 
 #include <gtest/gtest.h>
 
@@ -224,6 +225,10 @@ struct ConditionalCase {
 
 const std::vector<ConditionalCase>& conditional_cases() {
   static const std::vector<ConditionalCase> cases = {
+      {"model.rope_theta", "model.position is \"rope\" (set, or the family's)", "500000", {},
+       {"model.family=llama"},
+       "model.rope_theta=500000.0 applies to rotary positions, but model.position is \"learned\" (model.family = "
+       "\"gpt2\"'s default): set model.position=\"rope\", or leave model.rope_theta unset"},
       {"parallel.sequence_parallel", "parallel.tp > 1", "true", {}, {"parallel.tp=2"},
        "parallel.sequence_parallel=true needs parallel.tp > 1: it splits the sequence over the tensor-parallel "
        "group (parallel.tp=1)"},
@@ -441,7 +446,7 @@ TEST(Config, ToTomlRoundTripsExactly) {
   EXPECT_EQ(parse_config_text(text, "roundtrip", {}), c) << text;
   RunConfig d;
   EXPECT_EQ(parse_config_text(config_to_toml(d), "roundtrip", {}), d);
-  EXPECT_NE(text.find("[model]\nn_layer = 3\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("[model]\nfamily = \"gpt2\"\nn_layer = 3\n"), std::string::npos) << text;
   EXPECT_NE(config_to_toml(d).find("loss_scale = \"dynamic\""), std::string::npos);
 }
 
@@ -449,16 +454,22 @@ TEST(Config, ItemsAndHelp) {
   RunConfig c;
   auto items = config_items(c);
   ASSERT_FALSE(items.empty());
-  EXPECT_EQ(items.front(), (std::pair<std::string, std::string>("model.n_layer", "12")));
+  EXPECT_EQ(items.front(), (std::pair<std::string, std::string>("model.family", "\"gpt2\"")));
+  EXPECT_EQ(items[1], (std::pair<std::string, std::string>("model.n_layer", "12")));
   bool found = false;
   for (const auto& [k, v] : items)
     if (k == "data.train") found = v == "\"\"";
   EXPECT_TRUE(found);
-  EXPECT_EQ(items.size(), 58u);
+  EXPECT_EQ(items.size(), 68u);
   std::string help = config_help();
   for (const auto& [k, v] : items) {
     std::string name = k.substr(k.find('.') + 1);
-    EXPECT_NE(help.find("  " + name + " = " + v), std::string::npos) << k;
+    // A key of the family's default shows the families' (ModelFamilyKeysHelpShowsBothFamilies).
+    const bool by_family = std::any_of(family_defaults().begin(), family_defaults().end(),
+                                       [&](const FamilyDefault& d) { return d.key == k; });
+    if (!by_family) {
+      EXPECT_NE(help.find("  " + name + " = " + v), std::string::npos) << k;
+    }
   }
   EXPECT_NE(help.find("[an integer in 0..3]"), std::string::npos);
 }
@@ -483,9 +494,232 @@ TEST(Config, ShippedConfigsLoad) {
   RunConfig tiny = load_config(std::string(LATTICE_SOURCE_DIR) + "/configs/tiny.toml", {});
   EXPECT_EQ(tiny.model.n_layer, 2);
   EXPECT_EQ(tiny.model.n_embd, 64);
+  EXPECT_EQ(tiny.model.family, "gpt2");
   RunConfig small = load_config(std::string(LATTICE_SOURCE_DIR) + "/configs/gpt2-124m.toml", {});
   EXPECT_EQ(small.model.n_layer, 12);
   EXPECT_EQ(small.model.n_embd, 768);
+  RunConfig llama_tiny = load_config(std::string(LATTICE_SOURCE_DIR) + "/configs/llama-tiny.toml", {});
+  EXPECT_EQ(llama_tiny.model.family, "llama");
+  EXPECT_EQ(llama_tiny.model.n_head, 4);
+  EXPECT_EQ(llama_tiny.model.n_kv_head, 2);
+  EXPECT_GT(llama_tiny.model.ffn_hidden, 0);
+  EXPECT_EQ(llama_tiny.model.n_embd, tiny.model.n_embd);
+  EXPECT_EQ(llama_tiny.train, tiny.train);
+  RunConfig llama = load_config(std::string(LATTICE_SOURCE_DIR) + "/configs/llama-125m.toml", {});
+  EXPECT_EQ(llama.model.family, "llama");
+  EXPECT_EQ(llama.model.n_layer, 12);
+  EXPECT_EQ(llama.model.n_embd, 768);
+  EXPECT_EQ(llama.model.n_head, 12);
+  EXPECT_EQ(llama.model.n_kv_head, 4);
+  EXPECT_EQ(llama.model.ffn_hidden, 2304);
+  EXPECT_EQ(llama.model.vocab_size, 50257);
+  EXPECT_EQ(llama.model.seq_len, 1024);
+  EXPECT_EQ(llama.model.tie_embeddings, std::optional<bool>(true));
+  // Otherwise gpt2-124m.toml's recipe.
+  EXPECT_EQ(llama.train, small.train);
+  EXPECT_EQ(llama.optim, small.optim);
+  EXPECT_EQ(llama.parallel, small.parallel);
+  EXPECT_EQ(llama.precision, small.precision);
+  EXPECT_EQ(llama.data, small.data);
+}
+
+// ---------------------------------------------------------------- the model's family and parts
+
+// Nothing written: a GPT-2, every part key unset ("", 0, no value), which
+// the trainer resolves to the family's default (ModelConfig::defaults).
+TEST(Config, ModelFamilyKeysDefaultToUnset) {
+  const ModelSection m = parse("").model;
+  EXPECT_EQ(m.family, "gpt2");
+  EXPECT_EQ(m.norm, "");
+  EXPECT_EQ(m.mlp, "");
+  EXPECT_EQ(m.position, "");
+  EXPECT_EQ(m.n_kv_head, 0);
+  EXPECT_EQ(m.ffn_hidden, 0);
+  EXPECT_FALSE(m.rope_theta.has_value());
+  EXPECT_FALSE(m.norm_eps.has_value());
+  EXPECT_FALSE(m.bias.has_value());
+  EXPECT_FALSE(m.tie_embeddings.has_value());
+  // family = "llama" alone is a Llama: the parts stay unset, the family's.
+  const ModelSection llama = parse("[model]\nfamily = \"llama\"\n").model;
+  EXPECT_EQ(llama.family, "llama");
+  ModelSection expected;
+  expected.family = "llama";
+  EXPECT_EQ(llama, expected);
+}
+
+TEST(Config, ModelFamilyKeysReadFromTomlAndOverrides) {
+  const ModelSection m = parse(R"(
+[model]
+family = "llama"
+n_head = 8
+n_embd = 512
+norm = "layernorm"
+mlp = "gelu"
+position = "learned"
+n_kv_head = 2
+ffn_hidden = 1536
+norm_eps = 1e-6
+bias = true
+tie_embeddings = true
+)").model;
+  EXPECT_EQ(m.family, "llama");
+  EXPECT_EQ(m.norm, "layernorm");
+  EXPECT_EQ(m.mlp, "gelu");
+  EXPECT_EQ(m.position, "learned");
+  EXPECT_EQ(m.n_kv_head, 2);
+  EXPECT_EQ(m.ffn_hidden, 1536);
+  EXPECT_EQ(m.norm_eps, std::optional<double>(1e-6));
+  EXPECT_EQ(m.bias, std::optional<bool>(true));
+  EXPECT_EQ(m.tie_embeddings, std::optional<bool>(true));
+  // Each key on the command line, typed by the key.
+  const ModelSection o =
+      parse("", {"model.family=llama", "model.norm=rmsnorm", "model.mlp=swiglu", "model.position=rope",
+                 "model.n_kv_head=4", "model.ffn_hidden=2304", "model.rope_theta=500000", "model.norm_eps=0.00001",
+                 "model.bias=false", "model.tie_embeddings=false"})
+          .model;
+  EXPECT_EQ(o.family, "llama");
+  EXPECT_EQ(o.norm, "rmsnorm");
+  EXPECT_EQ(o.mlp, "swiglu");
+  EXPECT_EQ(o.position, "rope");
+  EXPECT_EQ(o.n_kv_head, 4);
+  EXPECT_EQ(o.ffn_hidden, 2304);
+  EXPECT_EQ(o.rope_theta, std::optional<double>(500000));
+  EXPECT_EQ(o.norm_eps, std::optional<double>(1e-5));
+  EXPECT_EQ(o.bias, std::optional<bool>(false));
+  EXPECT_EQ(o.tie_embeddings, std::optional<bool>(false));
+  // An empty value gives a key back to the family, over what the file said.
+  const ModelSection back = parse("[model]\nfamily = \"llama\"\nnorm = \"layernorm\"\nbias = true\nnorm_eps = 1e-6\n",
+                                  {"model.norm=", "model.bias=", "model.norm_eps=\"\""})
+                                .model;
+  EXPECT_EQ(back.norm, "");
+  EXPECT_FALSE(back.bias.has_value());
+  EXPECT_FALSE(back.norm_eps.has_value());
+  // ... and so does "" in a file (what config_to_toml writes for an unset key).
+  EXPECT_FALSE(parse("[model]\nbias = \"\"\nrope_theta = \"\"\n").model.bias.has_value());
+}
+
+TEST(Config, ModelFamilyKeysRefuseBadSpellingsAndValues) {
+  EXPECT_ERROR_CONTAINS(parse("[model]\nfamily = \"mistral\"\n"),
+                        "model.family must be one of gpt2, llama, got \"mistral\" (config file 'x.toml' line 2)");
+  EXPECT_ERROR_CONTAINS(parse("", {"model.family="}), "model.family must be one of gpt2, llama, got \"\"");
+  EXPECT_ERROR_CONTAINS(parse("", {"model.norm=rms"}),
+                        "model.norm must be one of layernorm, rmsnorm (\"\": the family's), got \"rms\"");
+  EXPECT_ERROR_CONTAINS(parse("", {"model.mlp=relu"}),
+                        "model.mlp must be one of gelu, swiglu (\"\": the family's), got \"relu\"");
+  EXPECT_ERROR_CONTAINS(parse("", {"model.position=alibi"}),
+                        "model.position must be one of learned, rope (\"\": the family's), got \"alibi\"");
+  EXPECT_ERROR_CONTAINS(parse("[model]\nnorm = \"RMSNorm\"\n"),
+                        "model.norm must be one of layernorm, rmsnorm (\"\": the family's), got \"RMSNorm\"");
+  EXPECT_ERROR_CONTAINS(parse("", {"model.n_kv_head=-1"}),
+                        "model.n_kv_head must be an integer >= 0 (0: the family's), got -1");
+  EXPECT_ERROR_CONTAINS(parse("", {"model.ffn_hidden=1.5"}),
+                        "model.ffn_hidden must be an integer >= 0 (0: the family's), got 1.5");
+  EXPECT_ERROR_CONTAINS(parse("", {"model.family=llama", "model.rope_theta=0"}),
+                        "model.rope_theta must be a number > 0 (\"\": the family's), got 0");
+  EXPECT_ERROR_CONTAINS(parse("", {"model.family=llama", "model.rope_theta=fast"}),
+                        "model.rope_theta must be a number > 0 (\"\": the family's), got \"fast\"");
+  EXPECT_ERROR_CONTAINS(parse("", {"model.norm_eps=1"}),
+                        "model.norm_eps must be a number in (0, 1) (\"\": the family's), got 1");
+  EXPECT_ERROR_CONTAINS(parse("[model]\nnorm_eps = nan\n"),
+                        "model.norm_eps must be a number in (0, 1) (\"\": the family's), got nan");
+  EXPECT_ERROR_CONTAINS(parse("", {"model.bias=yes"}),
+                        "model.bias must be true or false (\"\": the family's), got \"yes\"");
+  EXPECT_ERROR_CONTAINS(parse("[model]\ntie_embeddings = 1\n"),
+                        "model.tie_embeddings must be true or false (\"\": the family's), got 1");
+  EXPECT_ERROR_CONTAINS(parse("[model]\nbias = \"false\"\n"),
+                        "model.bias must be true or false (\"\": the family's), got \"false\"");
+  EXPECT_ERROR_CONTAINS(parse("", {"model.n_kv_heads=4"}), "did you mean 'model.n_kv_head'?");
+}
+
+// model.rope_theta applies to rotary positions: written, or the family's.
+TEST(Config, RopeThetaAppliesOnlyToRotaryPositions) {
+  EXPECT_EQ(parse("", {"model.family=llama", "model.rope_theta=500000"}).model.rope_theta,
+            std::optional<double>(500000));
+  EXPECT_EQ(parse("", {"model.position=rope", "model.rope_theta=500000"}).model.rope_theta,
+            std::optional<double>(500000));
+  EXPECT_EQ(testing::error_of([&] { parse("", {"model.rope_theta=500000"}); }),
+            "model.rope_theta=500000.0 applies to rotary positions, but model.position is \"learned\" "
+            "(model.family = \"gpt2\"'s default): set model.position=\"rope\", or leave model.rope_theta unset");
+  EXPECT_EQ(testing::error_of([&] {
+              parse("", {"model.family=llama", "model.position=learned", "model.rope_theta=10000"});
+            }),
+            "model.rope_theta=10000.0 applies to rotary positions, but model.position is \"learned\": set "
+            "model.position=\"rope\", or leave model.rope_theta unset");
+  // Unset again, it is accepted.
+  EXPECT_NO_THROW(parse("", {"model.rope_theta=500000", "model.rope_theta="}));
+}
+
+// io leaves whether the parts fit together to the model (ModelConfig::validate
+// and check_tensor_parallel, which the trainer runs when it loads a config:
+// tests/train/model_config_test.cpp): spellings and ranges only here.
+TEST(Config, ModelCombinationsAreTheModelsToRefuse) {
+  EXPECT_NO_THROW(parse("", {"model.mlp=swiglu", "model.n_kv_head=4"}));
+  EXPECT_NO_THROW(parse("", {"parallel.tp=5"}));
+}
+
+TEST(Config, ModelFamilyKeysRoundTripThroughToml) {
+  RunConfig c;
+  c.model.family = "llama";
+  c.model.n_kv_head = 4;
+  c.model.ffn_hidden = 2304;
+  c.model.rope_theta = 500000;
+  c.model.norm_eps = 1e-6;
+  c.model.tie_embeddings = true;  // norm, mlp, position and bias left to the family
+  const std::string text = config_to_toml(c);
+  EXPECT_EQ(parse_config_text(text, "roundtrip", {}), c) << text;
+  EXPECT_EQ(parse_saved_config(text, "meta.json config"), c) << text;
+  EXPECT_NE(text.find("[model]\nfamily = \"llama\"\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nnorm = \"\"\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nbias = \"\"\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nrope_theta = 500000.0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\ntie_embeddings = true\n"), std::string::npos) << text;
+  // Every key set, then none.
+  c.model.norm = "rmsnorm";
+  c.model.mlp = "swiglu";
+  c.model.position = "rope";
+  c.model.bias = false;
+  EXPECT_EQ(parse_saved_config(config_to_toml(c), "meta.json config"), c);
+  EXPECT_EQ(parse_saved_config(config_to_toml(RunConfig()), "meta.json config"), RunConfig());
+}
+
+// A checkpoint written before the families (no family keys in its recorded
+// config) reads as a GPT-2 with every part the family's.
+TEST(Config, SavedConfigsWithoutFamilyKeysReadAsGpt2) {
+  const RunConfig c = parse_saved_config(
+      "[model]\nn_layer = 2\nn_head = 4\nn_embd = 64\nvocab_size = 512\nseq_len = 64\n[train]\nsteps = 20\n",
+      "meta.json config");
+  ModelSection expected;
+  expected.n_layer = 2;
+  expected.n_head = 4;
+  expected.n_embd = 64;
+  expected.vocab_size = 512;
+  expected.seq_len = 64;
+  EXPECT_EQ(c.model, expected);
+  EXPECT_EQ(c.model.family, "gpt2");
+}
+
+// --help-config (and so docs/config.md) shows a family key's default for
+// both families, and how to leave a key to the family.
+TEST(Config, ModelFamilyKeysHelpShowsBothFamilies) {
+  const std::string help = config_help();
+  for (const char* line :
+       {"  family = \"gpt2\" ", "  norm = gpt2 \"layernorm\", llama \"rmsnorm\"  ",
+        "  mlp = gpt2 \"gelu\", llama \"swiglu\"  ", "  position = gpt2 \"learned\", llama \"rope\"  ",
+        "  n_kv_head = n_head  ", "  rope_theta = 10000.0  ", "  norm_eps = 0.00001  ",
+        "  bias = gpt2 true, llama false  ", "  tie_embeddings = gpt2 true, llama false  ",
+        "[one of layernorm, rmsnorm (\"\": the family's)]", "[an integer >= 0 (0: the family's)]",
+        "[true or false (\"\": the family's)]"})
+    EXPECT_NE(help.find(line), std::string::npos) << line;
+  // Every key of family_defaults() is a key of the table, and marked.
+  const auto items = config_items(RunConfig());
+  for (const FamilyDefault& d : family_defaults()) {
+    EXPECT_TRUE(std::any_of(items.begin(), items.end(), [&](const auto& kv) { return kv.first == d.key; })) << d.key;
+    const std::string name = d.key.substr(d.key.find('.') + 1);
+    const size_t at = help.find("\n  " + name + " = ");
+    ASSERT_NE(at, std::string::npos) << d.key;
+    const std::string text = help.substr(at + 1, help.find('\n', at + 1) - at - 1);
+    EXPECT_NE(text.find("the family's"), std::string::npos) << text;
+  }
 }
 
 }  // namespace

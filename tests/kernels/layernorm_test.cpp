@@ -1,5 +1,10 @@
 // LayerNorm: forward vs double two-pass reference (incl. rows with a large
-// mean), backward vs the double closed form and central finite differences.
+// mean, and a non-default eps), backward vs the double closed form and
+// central finite differences.
+#include <sstream>
+#include <string>
+
+#include "lattice/core/error.h"
 #include "lattice/kernels/ops.h"
 #include "test_util.h"
 
@@ -13,8 +18,8 @@ struct LnReference {
   std::vector<double> out, mean, rstd;
 };
 
-LnReference reference_forward(const std::vector<double>& x, const std::vector<double>& w,
-                              const std::vector<double>& b, int64_t N, int C) {
+LnReference reference_forward(const std::vector<double>& x, const std::vector<double>& w, const std::vector<double>& b,
+                              int64_t N, int C, double eps = 1e-5) {
   LnReference r{std::vector<double>(N * C), std::vector<double>(N), std::vector<double>(N)};
   for (int64_t i = 0; i < N; ++i) {
     double m = 0.0;
@@ -23,7 +28,7 @@ LnReference reference_forward(const std::vector<double>& x, const std::vector<do
     double v = 0.0;
     for (int c = 0; c < C; ++c) v += (x[i * C + c] - m) * (x[i * C + c] - m);
     v /= C;
-    const double s = 1.0 / std::sqrt(v + 1e-5);
+    const double s = 1.0 / std::sqrt(v + eps);
     for (int c = 0; c < C; ++c) r.out[i * C + c] = (x[i * C + c] - m) * s * w[c] + b[c];
     r.mean[i] = m;
     r.rstd[i] = s;
@@ -144,6 +149,62 @@ TEST(LayerNorm, ThreadCountIndependent) {
   EXPECT_TRUE(test::bitwise_equal(dx[0], dx[1]));
   EXPECT_TRUE(test::bitwise_equal(dw[0], dw[1]));
   EXPECT_TRUE(test::bitwise_equal(db[0], db[1]));
+}
+
+// A non-default eps (a config's norm_eps) against the double reference with
+// that eps. Rows of std ~0.1 (variance 1e-2 = eps) make eps half of every
+// row's denominator, so a kernel that ignored it would be off by ~30%; the
+// input gradient, which sees eps only through the stored rstd, is checked
+// against the double closed form at the same eps.
+TEST(LayerNorm, NonDefaultEpsMatchesReference) {
+  const int64_t N = 21;
+  const int C = 64;
+  const float eps = 1e-2f;
+  auto x = randn(N * C, 16, 0.1f, 0.5f), w = randn(C, 17, 1.0f, 1.0f), b = randn(C, 18), R = randn(N * C, 19);
+  std::vector<float> out(N * C), mean(N), rstd(N), dx(N * C, 0.0f);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, eps);
+  const auto x_d = to_double(x), w_d = to_double(w), R_d = to_double(R);
+  const auto ref = reference_forward(x_d, w_d, to_double(b), N, C, static_cast<double>(eps));
+  test::expect_close(mean, ref.mean, 1e-6, 1e-6, "mean");
+  test::expect_close(rstd, ref.rstd, 0.0, 2e-6, "rstd");
+  test::expect_close(out, ref.out, 2e-6, 2e-6, "out");
+
+  std::vector<double> ref_x(N * C);
+  for (int64_t i = 0; i < N; ++i) {
+    double mean_g = 0.0, mean_gx = 0.0;
+    for (int c = 0; c < C; ++c) {
+      const double xhat = (x_d[i * C + c] - ref.mean[i]) * ref.rstd[i];
+      mean_g += R_d[i * C + c] * w_d[c] / C;
+      mean_gx += R_d[i * C + c] * w_d[c] * xhat / C;
+    }
+    for (int c = 0; c < C; ++c) {
+      const double xhat = (x_d[i * C + c] - ref.mean[i]) * ref.rstd[i];
+      ref_x[i * C + c] = ref.rstd[i] * (R_d[i * C + c] * w_d[c] - mean_g - xhat * mean_gx);
+    }
+  }
+  layernorm_backward_input(dx.data(), R.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
+  test::expect_close(dx, ref_x, 2e-5, 1e-5, "dx");
+
+  // The default is 1e-5, bitwise.
+  std::vector<float> out_default(N * C), out_explicit(N * C);
+  layernorm_forward(out_default.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  layernorm_forward(out_explicit.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+  EXPECT_TRUE(test::bitwise_equal(out_default, out_explicit));
+}
+
+TEST(LayerNorm, RejectsNonPositiveEps) {
+  std::vector<float> buf(8);
+  for (float eps : {0.0f, -1e-5f, NAN}) {
+    try {
+      layernorm_forward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), 1, 8, eps);
+      ADD_FAILURE() << "eps=" << eps << " was accepted";
+    } catch (const Error& e) {
+      std::ostringstream value;
+      value << eps;
+      EXPECT_EQ(std::string(e.what()), "layernorm_forward: eps=" + value.str() +
+                                           " must be a finite number > 0 (a constant row would give 0/0)");
+    }
+  }
 }
 
 }  // namespace

@@ -18,8 +18,11 @@
 //   init     checkpoint.init_from a model file (another seed's initial
 //            weights): the layout trains from it as one process does (same).
 // The base recipe (every row): the parity model with 4 layers (L=4, H=4, C=32,
-// V=101, T=16), micro-batches of 2, a global batch of 8 sequences. The README's
-// correctness section lists the rows; a new layout is a new row.
+// V=101, T=16), micro-batches of 2, a global batch of 8 sequences. The family
+// column: "gpt2" (that model) or "llama" (the same shape as a Llama: RMSNorm,
+// rotary positions, 2 key/value heads for the 4 query heads, SwiGLU of 64,
+// no biases, an untied head — kLlama below; a row may set more model keys).
+// The README's correctness section lists the rows; a new layout is a new row.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -50,7 +53,11 @@ struct Row {
   int ranks;
   const char* sets;  // space-separated key=value
   Check check;
+  const char* family = "gpt2";
 };
+
+// The Llama rows' model, over the base recipe's shape.
+constexpr const char* kLlama = "model.family=llama model.n_kv_head=2 model.ffn_hidden=64";
 
 // Every combination the issues name as untested, and the dimensions each
 // composes with. (The per-dimension suites — dp_test, tp_test, pp_test,
@@ -127,13 +134,91 @@ const Row kRows[] = {
     {"eval dp2 x tp2", 4, "parallel.dp=2 parallel.tp=2", Check::Eval},
     {"eval dp2 x tp2 x pp2 SP ZeRO-3", 8,
      "parallel.dp=2 parallel.tp=2 parallel.pp=2 parallel.sequence_parallel=true parallel.zero_stage=3", Check::Eval},
+
+    // ---- the Llama family: every dimension again ----
+    // data parallelism at every ZeRO stage (the untied head is a group like any)
+    {"llama dp2 ZeRO-0", 2, "parallel.dp=2", Check::Same, "llama"},
+    {"llama dp2 ZeRO-1", 2, "parallel.dp=2 parallel.zero_stage=1", Check::Same, "llama"},
+    {"llama dp2 ZeRO-2", 2, "parallel.dp=2 parallel.zero_stage=2", Check::Same, "llama"},
+    {"llama dp2 ZeRO-3 offload", 2, "parallel.dp=2 parallel.zero_stage=3 zero.offload=disk zero.offload_dir=@DIR",
+     Check::Same, "llama"},
+    // tensor parallelism: key/value heads split (tp 2 = n_kv_head), and kept
+    // whole on the ranks of their query heads (tp 4 > n_kv_head), with and without SP
+    {"llama tp2 kv split", 2, "parallel.tp=2", Check::Same, "llama"},
+    {"llama tp2 SP kv split", 2, "parallel.tp=2 parallel.sequence_parallel=true", Check::Same, "llama"},
+    {"llama tp4 kv replicated", 4, "parallel.tp=4", Check::Same, "llama"},
+    {"llama tp4 SP kv replicated one kv head", 4, "parallel.tp=4 parallel.sequence_parallel=true model.n_kv_head=1",
+     Check::Same, "llama"},
+    {"llama dp2 x tp4 SP ZeRO-2 kv replicated", 8,
+     "parallel.dp=2 parallel.tp=4 parallel.sequence_parallel=true parallel.zero_stage=2", Check::Same, "llama"},
+    // pipelines with every schedule
+    {"llama pp2 gpipe", 2, "parallel.pp=2 parallel.schedule=gpipe", Check::Same, "llama"},
+    {"llama pp2 1f1b", 2, "parallel.pp=2", Check::Same, "llama"},
+    {"llama pp2 interleaved v2", 2, "parallel.pp=2 parallel.schedule=interleaved parallel.virtual_stages=2",
+     Check::Same, "llama"},
+    {"llama pp2 zb-h1", 2, "parallel.pp=2 parallel.schedule=zb-h1", Check::Same, "llama"},
+    {"llama pp2 zb-v", 2, "parallel.pp=2 parallel.schedule=zb-v parallel.virtual_stages=2", Check::Same, "llama"},
+    {"llama pp2 csv:", 2, "parallel.pp=2 parallel.schedule=csv:@CSV", Check::Same, "llama"},
+    {"llama zb-h1 (split backward) dp2 ZeRO-3", 2, "parallel.dp=2 parallel.schedule=zb-h1 parallel.zero_stage=3",
+     Check::Same, "llama"},
+    // 3D
+    {"llama dp2 x pp2 zb-v ZeRO-2", 4,
+     "parallel.dp=2 parallel.pp=2 parallel.schedule=zb-v parallel.virtual_stages=2 parallel.zero_stage=2", Check::Same,
+     "llama"},
+    {"llama dp2 x tp2 x pp2 SP ZeRO-3", 8,
+     "parallel.dp=2 parallel.tp=2 parallel.pp=2 parallel.sequence_parallel=true parallel.zero_stage=3", Check::Same,
+     "llama"},
+    // a tied Llama (the embedding's two copies, no position table) and the
+    // other parts (LayerNorm, GELU, learned positions, biases) under 3D
+    {"llama tied dp2 x pp2 ZeRO-2", 4, "parallel.dp=2 parallel.pp=2 parallel.zero_stage=2 model.tie_embeddings=true",
+     Check::Same, "llama"},
+    {"llama tied dp2 ZeRO-1", 2, "parallel.dp=2 parallel.zero_stage=1 model.tie_embeddings=true", Check::Same, "llama"},
+    {"llama layernorm gelu learned bias dp2 x tp2 x pp2 ZeRO-1", 8,
+     "parallel.dp=2 parallel.tp=2 parallel.pp=2 parallel.zero_stage=1 model.norm=layernorm model.mlp=gelu "
+     "model.position=learned model.bias=true",
+     Check::Same, "llama"},
+    {"llama bias tp4 SP kv replicated", 4, "parallel.tp=4 parallel.sequence_parallel=true model.bias=true",
+     Check::Same, "llama"},
+    // 16-bit compute
+    {"llama bf16 tp2 SP", 2, "precision.compute=bf16 parallel.tp=2 parallel.sequence_parallel=true", Check::Close16,
+     "llama"},
+    {"llama f16 dp2 x pp2 ZeRO-1", 4, "precision.compute=f16 parallel.dp=2 parallel.pp=2 parallel.zero_stage=1",
+     Check::Close16, "llama"},
+    {"llama bf16 zb-h1 (split backward)", 1, "precision.compute=bf16 parallel.schedule=zb-h1", Check::Close16,
+     "llama"},
+    // every codec
+    {"llama dp2 bf16 codec", 2, "parallel.dp=2 compression.grad=bf16", Check::Learns, "llama"},
+    {"llama dp2 ZeRO-2 int8", 2, "parallel.dp=2 parallel.zero_stage=2 compression.grad=int8", Check::Learns, "llama"},
+    // (top-k over the all-reduce of ZeRO 0-1 compresses twice — each rank's
+    // gradient, then each block of the sum — and at 10% learns less than half
+    // as far in 10 steps for both families; the reduce-scatter of ZeRO 2-3 once)
+    {"llama dp2 x pp2 ZeRO-2 topk 10%", 4,
+     "parallel.dp=2 parallel.pp=2 parallel.zero_stage=2 compression.grad=topk compression.topk_ratio=0.1",
+     Check::Learns, "llama"},
+    {"llama dp2 ZeRO-3 onebit", 2, "parallel.dp=2 parallel.zero_stage=3 compression.grad=onebit", Check::Learns,
+     "llama"},
+    {"llama dp2 x pp2 ZeRO-1 powersgd", 4, "parallel.dp=2 parallel.pp=2 parallel.zero_stage=1 compression.grad=powersgd",
+     Check::Learns, "llama"},
+    // checkpoint.init_from and evaluation
+    {"llama init_from tp4 SP", 4, "parallel.tp=4 parallel.sequence_parallel=true", Check::Init, "llama"},
+    {"llama init_from dp2 x pp2 ZeRO-3", 4, "parallel.dp=2 parallel.pp=2 parallel.zero_stage=3", Check::Init,
+     "llama"},
+    {"llama eval dp2 x tp2 x pp2 SP ZeRO-3", 8,
+     "parallel.dp=2 parallel.tp=2 parallel.pp=2 parallel.sequence_parallel=true parallel.zero_stage=3", Check::Eval,
+     "llama"},
 };
 
-io::RunConfig base() {
+// The base recipe of a family.
+io::RunConfig base(const std::string& family) {
   io::RunConfig c = mpitest::parity_recipe();
   c.model.n_layer = 4;
   c.train.micro_batch_size = 2;
   c.train.global_batch_size = 8;
+  if (family == "llama") {
+    std::istringstream in(kLlama);
+    std::string item;
+    while (in >> item) io::apply_override(c, item);
+  }
   return c;
 }
 
@@ -149,7 +234,7 @@ comm::Communicator* first_ranks(int n) {
 // The row's config: `sets` applied to the base, @DIR and @CSV replaced by a
 // scratch directory and a CSV schedule written there.
 io::RunConfig layout_of(const Row& row, const std::filesystem::path& dir) {
-  io::RunConfig c = base();
+  io::RunConfig c = base(row.family);
   std::istringstream in(row.sets);
   std::string item;
   while (in >> item) {
@@ -243,7 +328,7 @@ TEST_P(LayoutMatrix, TrainsTheOneProcessModel) {
     // ignored the file and drew its own would not match), read by the layout
     // and by one process.
     const std::filesystem::path ckpt = dir / "ckpt";
-    io::RunConfig other = base();
+    io::RunConfig other = base(row.family);
     other.train.seed = 4242;
     if (world().rank() == 0) mpitest::train_run(other, mpitest::self(), 0, ckpt.string());
     world().barrier();

@@ -64,6 +64,23 @@ TEST(Cli, BadConfigValuesNameTheKey) {
   EXPECT_NE(r.output.find("/nonexistent/*.bin"), std::string::npos) << r.output;
   // Exactly one line of error, no stack trace.
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  // A combination of model keys the model refuses (ModelConfig::validate,
+  // check_tensor_parallel), up front, in one line.
+  const std::string llama = std::string("train -c ") + LATTICE_SOURCE_DIR + "/configs/llama-tiny.toml ";
+  r = run(llama + "--set model.n_kv_head=3");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("model.n_head=4 is not a multiple of model.n_kv_head=3"), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  r = run(llama + "--set parallel.tp=3");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("parallel.tp=3 must divide model.n_head=4"), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  r = run("train " + kTiny + "--set model.mlp=swiglu");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("model.mlp = \"swiglu\" needs model.family = \"llama\""), std::string::npos) << r.output;
+  r = run("train " + kTiny + "--set model.norm=rms");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("model.norm must be one of layernorm, rmsnorm"), std::string::npos) << r.output;
 }
 
 // The instruction set can be forced down (to test the portable paths) but

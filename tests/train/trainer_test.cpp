@@ -221,6 +221,66 @@ TEST(Trainer, RefusesModelMismatchAndCorruptCheckpoints) {
   EXPECT_NE(msg.find("no checkpoint found"), std::string::npos) << msg;
 }
 
+// A checkpoint of the other family, resumed or given to checkpoint.init_from,
+// is refused naming every key that differs, before a tensor is read; a model
+// file from elsewhere is refused when its names are the other family's.
+TEST(Trainer, RefusesACheckpointOfAnotherModel) {
+  fs::path dir = scratch("family");
+  const io::RunConfig cfg = run_two_steps(dir);  // a GPT-2: n_embd 32, 2 heads
+  const std::string step_dir = io::resolve_checkpoint("latest", cfg.checkpoint.dir);
+  io::RunConfig llama = cfg;
+  llama.model.family = "llama";
+  llama.checkpoint.resume = "latest";
+  const std::string differences =
+      " was trained with model.family=\"gpt2\", model.norm=\"layernorm\", model.mlp=\"gelu\", "
+      "model.position=\"learned\", model.bias=true, model.tie_embeddings=true but this run has "
+      "model.family=\"llama\", model.norm=\"rmsnorm\", model.mlp=\"swiglu\", model.position=\"rope\", "
+      "model.bias=false, model.tie_embeddings=false";
+  EXPECT_EQ(error_of([&] { train::Trainer t(llama, {false}); }), "checkpoint '" + step_dir + "'" + differences);
+  // One part key alone.
+  io::RunConfig rms = cfg;
+  rms.model.norm = "rmsnorm";
+  rms.checkpoint.resume = "latest";
+  EXPECT_EQ(error_of([&] { train::Trainer t(rms, {false}); }),
+            "checkpoint '" + step_dir +
+                "' was trained with model.norm=\"layernorm\" but this run has model.norm=\"rmsnorm\"");
+  // A width the run sets itself is named; one it leaves to the family
+  // follows from the family and n_embd, named already (the test above).
+  io::RunConfig wide = llama;
+  wide.model.ffn_hidden = 96;
+  EXPECT_NE(error_of([&] { train::Trainer t(wide, {false}); }).find("model.ffn_hidden=96"), std::string::npos);
+  // The same model written out resumes: the recorded section has every key.
+  io::RunConfig explicit_gpt2 = cfg;
+  explicit_gpt2.model.norm = "layernorm";
+  explicit_gpt2.model.ffn_hidden = 128;
+  explicit_gpt2.model.bias = true;
+  explicit_gpt2.train.steps = 3;
+  explicit_gpt2.checkpoint.resume = "latest";
+  EXPECT_EQ(error_of([&] { train::Trainer t(explicit_gpt2, {false}); }), "(no error)");
+  // init_from: the checkpoint's model file records its model ...
+  io::RunConfig from = llama;
+  from.checkpoint.resume = "";
+  from.checkpoint.dir = "";
+  from.checkpoint.every = 0;
+  from.checkpoint.init_from = step_dir + "/model.safetensors";
+  EXPECT_EQ(error_of([&] { train::Trainer t(from, {false}); }),
+            "checkpoint.init_from='" + from.checkpoint.init_from + "'" + differences);
+  // ... and a longer context than the run's is fine there (the first rows of wpe).
+  io::RunConfig shorter = cfg;
+  shorter.model.seq_len = 8;
+  shorter.checkpoint = io::CheckpointSection();
+  shorter.checkpoint.init_from = from.checkpoint.init_from;
+  EXPECT_EQ(error_of([&] { train::Trainer t(shorter, {false}); }), "(no error)");
+  // A file without lattice's record (HF GPT-2 names only) given to a Llama.
+  train::Trainer gpt2(shorter, {false});
+  const std::string hf = (dir / "hf.safetensors").string();
+  train::save_model_safetensors(gpt2.model(), train::params_of(gpt2.model()), hf);
+  from.checkpoint.init_from = hf;
+  EXPECT_EQ(error_of([&] { train::Trainer t(from, {false}); }),
+            "checkpoint.init_from='" + hf +
+                "' holds a GPT-2 model (wte.weight) but model.family = \"llama\": set model.family=\"gpt2\"");
+}
+
 // A data position counts steps of one global batch: resuming it under
 // another global batch would read other samples, so it is refused with the
 // setting that continues the stream. Positions saved before the global batch
@@ -266,15 +326,15 @@ TEST(Trainer, InitFromLoadsHfWeights) {
 
 // Tensor and sequence parallelism cut heads, MLP columns and micro-batch rows
 // into equal pieces: a degree that cannot is refused naming the keys, before
-// any rank starts. (4·n_embd is a multiple of n_head, which n_embd already is,
-// so a tp dividing n_head divides 4·n_embd too: the first check is the one met.)
+// any rank starts (ModelConfig::check_tensor_parallel; every message of it is
+// tested in model_config_test.cpp).
 TEST(Trainer, RefusesTensorParallelDegreesThatCannotCutTheModel) {
   io::RunConfig cfg = tiny_run();
   cfg.model.n_head = 6;
   cfg.model.n_embd = 48;
   cfg.parallel.tp = 4;
   EXPECT_EQ(error_of([&] { train::Trainer t(cfg, {false}); }),
-            "parallel.tp=4 does not divide model.n_head=6: tensor parallelism gives each rank whole attention heads");
+            "parallel.tp=4 must divide model.n_head=6: attention is split by whole query heads");
   cfg = tiny_run();
   cfg.model.n_head = 4;
   cfg.model.seq_len = 18;

@@ -22,6 +22,7 @@
 #include "lattice/io/plot.h"
 #include "lattice/parallel/pipeline/timeline.h"
 #include "lattice/io/safetensors.h"
+#include "lattice/train/trainer.h"
 
 namespace lattice::cli {
 
@@ -98,8 +99,9 @@ static void inspect_checkpoint(const std::string& path) {
   }
   if (const io::JsonValue* cfg = meta.find("config")) {
     io::RunConfig c = io::parse_saved_config(cfg->as_string(), step_dir + "/meta.json config");
-    std::printf("  model: n_layer=%d n_head=%d n_embd=%d vocab_size=%d seq_len=%d\n", c.model.n_layer,
-                c.model.n_head, c.model.n_embd, c.model.vocab_size, c.model.seq_len);
+    std::printf("  model: n_layer=%d n_head=%d n_embd=%d vocab_size=%d seq_len=%d, %s\n", c.model.n_layer,
+                c.model.n_head, c.model.n_embd, c.model.vocab_size, c.model.seq_len,
+                train::describe_model(train::model_config_of(c.model)).c_str());
   }
   for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
     fs::path p = fs::path(step_dir) / file;
@@ -112,7 +114,10 @@ static void inspect_checkpoint(const std::string& path) {
 
 static void inspect_config(const std::string& path, const std::vector<std::string>& overrides) {
   io::RunConfig c = io::load_config(path, overrides);
+  const model::ModelConfig model = train::checked_model_config(c);
   std::printf("config %s (valid)\n", path.c_str());
+  std::printf("  model: %s; %lld parameters\n", train::describe_model(model).c_str(),
+              static_cast<long long>(model.num_params()));
   std::string section;
   for (const auto& [key, value] : io::config_items(c)) {
     std::string s = key.substr(0, key.find('.'));

@@ -21,7 +21,9 @@ namespace {
 
 // ---------------------------------------------------------------- key table
 
-enum class Kind { Int, Int64, Float, Bool, String, LossScale };
+// OptFloat and OptBool are the family keys' numbers and switches: unset
+// (written "") means the family's default.
+enum class Kind { Int, Int64, Float, Bool, String, LossScale, OptFloat, OptBool };
 
 // Valid values of one key: a numeric interval (ends open or closed) or, for
 // strings, a list of choices (empty = any string).
@@ -53,6 +55,9 @@ struct Key {
   void* (*field)(RunConfig&);
   Constraint valid;
   const char* help;
+  // The default depends on model.family (family_defaults()): "" (strings,
+  // numbers, switches) or 0 (integers) stands for the family's.
+  bool by_family = false;
 
   std::string full_name() const { return std::string(section) + "." + name; }
   template <typename T>
@@ -72,6 +77,8 @@ constexpr Kind kind_of() {
   else if constexpr (std::is_same_v<T, int64_t>) return Kind::Int64;
   else if constexpr (std::is_same_v<T, double>) return Kind::Float;
   else if constexpr (std::is_same_v<T, bool>) return Kind::Bool;
+  else if constexpr (std::is_same_v<T, std::optional<double>>) return Kind::OptFloat;
+  else if constexpr (std::is_same_v<T, std::optional<bool>>) return Kind::OptBool;
   else return Kind::String;
 }
 
@@ -80,8 +87,15 @@ template <auto Section, auto Member>
 Key key(const char* section, const char* name, Constraint valid, const char* help) {
   using T = std::remove_cvref_t<decltype(std::declval<RunConfig&>().*Section.*Member)>;
   static_assert(std::is_same_v<T, int> || std::is_same_v<T, int64_t> || std::is_same_v<T, double> ||
-                std::is_same_v<T, bool> || std::is_same_v<T, std::string>);
+                std::is_same_v<T, bool> || std::is_same_v<T, std::string> || std::is_same_v<T, std::optional<double>> ||
+                std::is_same_v<T, std::optional<bool>>);
   return Key{section, name, kind_of<T>(), &field_of<Section, Member>, std::move(valid), help};
+}
+
+// A key whose default is model.family's (its row of family_defaults()).
+Key by_family(Key k) {
+  k.by_family = true;
+  return k;
 }
 
 const std::vector<const char*>& section_names() {
@@ -94,6 +108,11 @@ const std::vector<Key>& keys() {
   using R = RunConfig;
   static const std::vector<Key> table = [] {
     std::vector<Key> k = {
+        key<&R::model, &ModelSection::family>(
+            "model", "family", one_of({"gpt2", "llama"}),
+            "the model's family: GPT-2 (LayerNorm, learned positions, GELU, biases, tied head; HF GPT-2 names) or "
+            "Llama (RMSNorm, rotary positions, SwiGLU, no biases, untied head; HF Llama names); sets the default "
+            "of each part key below"),
         key<&R::model, &ModelSection::n_layer>("model", "n_layer", at_least(1), "number of transformer blocks"),
         key<&R::model, &ModelSection::n_head>("model", "n_head", at_least(1), "attention heads per block"),
         key<&R::model, &ModelSection::n_embd>("model", "n_embd", at_least(1),
@@ -102,6 +121,27 @@ const std::vector<Key>& keys() {
                                                   "vocabulary size; the GPT-2 BPE has 50257"),
         key<&R::model, &ModelSection::seq_len>("model", "seq_len", at_least(1),
                                                "context length in tokens (number of positions)"),
+        by_family(key<&R::model, &ModelSection::norm>("model", "norm", one_of({"layernorm", "rmsnorm"}),
+                                                      "the norm before attention, before the MLP and at the end")),
+        by_family(key<&R::model, &ModelSection::mlp>("model", "mlp", one_of({"gelu", "swiglu"}),
+                                                     "the MLP: GELU(x W1) W2, or SwiGLU (SiLU(x Wg) * x Wu) Wd "
+                                                     "(llama only)")),
+        by_family(key<&R::model, &ModelSection::position>("model", "position", one_of({"learned", "rope"}),
+                                                          "positions: a learned table of seq_len rows, or "
+                                                          "rotary embeddings of the queries and keys")),
+        by_family(key<&R::model, &ModelSection::n_kv_head>(
+            "model", "n_kv_head", at_least(0),
+            "key/value heads; fewer than n_head (a divisor of it) is grouped-query attention (llama only)")),
+        by_family(
+            key<&R::model, &ModelSection::ffn_hidden>("model", "ffn_hidden", at_least(0), "hidden width of the MLP")),
+        by_family(key<&R::model, &ModelSection::rope_theta>("model", "rope_theta", above(0),
+                                                            "base of the rotary embedding's frequencies")),
+        by_family(
+            key<&R::model, &ModelSection::norm_eps>("model", "norm_eps", open_open(0, 1), "epsilon of the norms")),
+        by_family(key<&R::model, &ModelSection::bias>("model", "bias", any(),
+                                                      "biases in every linear layer (a LayerNorm always has one)")),
+        by_family(key<&R::model, &ModelSection::tie_embeddings>(
+            "model", "tie_embeddings", any(), "the LM head is the token embedding (one matrix, counted once)")),
 
         key<&R::parallel, &ParallelSection::dp>("parallel", "dp", at_least(1),
                                                 "data-parallel degree: model replicas, each on its own part of the batch"),
@@ -356,7 +396,14 @@ std::string format_bound(double x) {
 }
 
 // "an integer >= 1", "a number in [0, 1)", "one of f32, bf16, f16" ...
+std::string describe_value(const Key& k);
 std::string describe(const Key& k) {
+  std::string s = describe_value(k);
+  if (k.by_family) s += k.kind == Kind::Int ? " (0: the family's)" : " (\"\": the family's)";
+  return s;
+}
+
+std::string describe_value(const Key& k) {
   const Constraint& v = k.valid;
   bool has_lo = std::isfinite(v.lo), has_hi = std::isfinite(v.hi);
   std::string range;
@@ -374,8 +421,10 @@ std::string describe(const Key& k) {
   switch (k.kind) {
     case Kind::Int:
     case Kind::Int64: return "an integer" + range;
-    case Kind::Float: return "a number" + range;
-    case Kind::Bool: return "true or false";
+    case Kind::Float:
+    case Kind::OptFloat: return "a number" + range;
+    case Kind::Bool:
+    case Kind::OptBool: return "true or false";
     case Kind::LossScale: return "\"dynamic\" or a number" + range;
     case Kind::String:
       if (v.choices.empty()) return "a string";
@@ -426,9 +475,27 @@ void assign(const Key& k, RunConfig& cfg, const RawValue& raw, const std::string
       if (raw.type != T::Bool) bad_value(k, raw.shown, where);
       k.ref<bool>(cfg) = raw.b;
       return;
+    case Kind::OptFloat: {
+      if (raw.type == T::String && raw.s.empty()) {
+        k.ref<std::optional<double>>(cfg).reset();
+        return;
+      }
+      double x = raw.type == T::Int ? static_cast<double>(raw.i) : raw.f;
+      if ((raw.type != T::Int && raw.type != T::Float) || !in_range(k.valid, x)) bad_value(k, raw.shown, where);
+      k.ref<std::optional<double>>(cfg) = x;
+      return;
+    }
+    case Kind::OptBool:
+      if (raw.type == T::String && raw.s.empty()) {
+        k.ref<std::optional<bool>>(cfg).reset();
+        return;
+      }
+      if (raw.type != T::Bool) bad_value(k, raw.shown, where);
+      k.ref<std::optional<bool>>(cfg) = raw.b;
+      return;
     case Kind::String: {
       if (raw.type != T::String) bad_value(k, raw.shown, where);
-      if (!k.valid.choices.empty() &&
+      if (!k.valid.choices.empty() && !(k.by_family && raw.s.empty()) &&
           std::none_of(k.valid.choices.begin(), k.valid.choices.end(), [&](const char* c) { return raw.s == c; }))
         bad_value(k, raw.shown, where);
       k.ref<std::string>(cfg) = raw.s;
@@ -459,6 +526,14 @@ std::string value_literal(const Key& k, const RunConfig& cfg) {
       double x = k.ref<double>(cfg);
       return x == 0 ? "\"dynamic\"" : format_double(x);
     }
+    case Kind::OptFloat: {
+      const std::optional<double>& x = k.ref<std::optional<double>>(cfg);
+      return x ? format_double(*x) : "\"\"";
+    }
+    case Kind::OptBool: {
+      const std::optional<bool>& b = k.ref<std::optional<bool>>(cfg);
+      return b ? (*b ? "true" : "false") : "\"\"";
+    }
   }
   return "?";
 }
@@ -480,6 +555,22 @@ RawValue current_raw(const Key& k, const RunConfig& cfg) {
       } else {
         r.type = RawValue::Type::Float;
         r.f = k.ref<double>(cfg);
+      }
+      break;
+    case Kind::OptFloat:
+      if (const std::optional<double>& x = k.ref<std::optional<double>>(cfg)) {
+        r.type = RawValue::Type::Float;
+        r.f = *x;
+      } else {
+        r.type = RawValue::Type::String;
+      }
+      break;
+    case Kind::OptBool:
+      if (const std::optional<bool>& b = k.ref<std::optional<bool>>(cfg)) {
+        r.type = RawValue::Type::Bool;
+        r.b = *b;
+      } else {
+        r.type = RawValue::Type::String;
       }
       break;
   }
@@ -535,6 +626,7 @@ RawValue raw_from_text(const Key& k, std::string text) {
     case Kind::Int64:
     case Kind::Float:
     case Kind::LossScale:
+    case Kind::OptFloat:
       if (parse_int(text, &r.i)) {
         r.type = RawValue::Type::Int;
         r.shown = text;
@@ -547,6 +639,7 @@ RawValue raw_from_text(const Key& k, std::string text) {
       }
       break;
     case Kind::Bool:
+    case Kind::OptBool:
       if (text == "true" || text == "false") {
         r.type = RawValue::Type::Bool;
         r.b = text == "true";
@@ -622,6 +715,20 @@ const std::vector<std::pair<const char*, const char*>>& pending_keys() {
 
 // ---------------------------------------------------------------- keys of another setting
 
+// A family key's default in the family `family` names, as family_defaults() has it.
+const std::string& family_default(const std::string& key, const std::string& family) {
+  for (const FamilyDefault& d : family_defaults())
+    if (d.key == key) return family == "llama" ? d.llama : d.gpt2;
+  LATTICE_FAIL("internal: " << key << " has no family default");
+}
+
+// model.position as written, or the family's.
+std::string position_of(const ModelSection& m) {
+  if (!m.position.empty()) return m.position;
+  const std::string& d = family_default("model.position", m.family);
+  return d.substr(1, d.size() - 2);  // unquoted
+}
+
 const Key& key_named(const std::string& full) {
   const size_t dot = full.find('.');
   const Key* k = dot == std::string::npos ? nullptr : find_key(full.substr(0, dot), full.substr(dot + 1));
@@ -654,6 +761,17 @@ struct ConditionalRow {
 
 const std::vector<ConditionalRow>& conditional_rows() {
   static const std::vector<ConditionalRow> rows = {
+      {{"model.rope_theta"},
+       "model.position is \"rope\" (set, or the family's)",
+       [](const RunConfig& c) { return position_of(c.model) == "rope"; },
+       nullptr,
+       nullptr,
+       [](const Setting& s, const RunConfig& c) {
+         return s.key + "=" + s.value + " applies to rotary positions, but model.position is \"" +
+                position_of(c.model) + "\"" +
+                (c.model.position.empty() ? " (model.family = \"" + c.model.family + "\"'s default)" : "") +
+                ": set model.position=\"rope\", or leave model.rope_theta unset";
+       }},
       {{"parallel.sequence_parallel"},
        "parallel.tp > 1",
        [](const RunConfig& c) { return c.parallel.tp > 1; },
@@ -814,17 +932,11 @@ void check_cross_keys(const RunConfig& cfg) {
   }
   LATTICE_CHECK(cfg.zero.offload != "disk" || !cfg.zero.offload_dir.empty(),
                 "zero.offload=disk needs zero.offload_dir (a directory for each rank's offload files)");
-  // Tensor and sequence parallelism cut heads, the MLP's columns and the rows
-  // of a micro-batch into equal pieces.
+  // Whether tensor parallelism can cut the model's heads and MLP columns is
+  // model::ModelConfig::check_tensor_parallel's (the trainer runs it on
+  // loading); sequence parallelism's cut of the rows is checked below.
   const int tp = cfg.parallel.tp;
   const ModelSection& m = cfg.model;
-  if (tp > 1) {
-    LATTICE_CHECK(m.n_head % tp == 0, "parallel.tp=" << tp << " does not divide model.n_head=" << m.n_head
-                                                     << ": tensor parallelism gives each rank whole attention heads");
-    LATTICE_CHECK(4LL * m.n_embd % tp == 0, "parallel.tp=" << tp << " does not divide 4 x model.n_embd="
-                                                           << 4LL * m.n_embd
-                                                           << ": tensor parallelism splits the MLP's hidden columns");
-  }
   {
     const std::string& s = cfg.parallel.schedule;
     LATTICE_CHECK(s == "gpipe" || s == "1f1b" || s == "interleaved" || s == "zb-h1" || s == "zb-v" ||
@@ -870,6 +982,22 @@ int micro_batches_per_step(const RunConfig& cfg) {
 
 int64_t global_batch_size(const RunConfig& cfg) {
   return static_cast<int64_t>(cfg.parallel.dp) * cfg.train.micro_batch_size * micro_batches_per_step(cfg);
+}
+
+const std::vector<FamilyDefault>& family_defaults() {
+  // As model::ModelConfig::defaults has them.
+  static const std::vector<FamilyDefault> table = {
+      {"model.norm", "\"layernorm\"", "\"rmsnorm\""},
+      {"model.mlp", "\"gelu\"", "\"swiglu\""},
+      {"model.position", "\"learned\"", "\"rope\""},
+      {"model.n_kv_head", "n_head", "n_head"},
+      {"model.ffn_hidden", "4 x n_embd", "8 x n_embd / 3 rounded up to a multiple of 256"},
+      {"model.rope_theta", "10000.0", "10000.0"},
+      {"model.norm_eps", "0.00001", "0.00001"},
+      {"model.bias", "true", "false"},
+      {"model.tie_embeddings", "true", "false"},
+  };
+  return table;
 }
 
 std::vector<ConditionalKey> conditional_keys() {
@@ -955,9 +1083,15 @@ std::string config_help() {
     os << "\n[" << section << "]\n";
     for (const Key& k : keys()) {
       if (std::string_view(section) != k.section) continue;
-      std::string lhs = std::string(k.name) + " = " + value_literal(k, defaults);
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "  %-32s ", lhs.c_str());
+      std::string value = value_literal(k, defaults);
+      if (k.by_family) {
+        const std::string &gpt2 = family_default(k.full_name(), "gpt2"),
+                          &llama = family_default(k.full_name(), "llama");
+        value = gpt2 == llama ? gpt2 : "gpt2 " + gpt2 + ", llama " + llama;
+      }
+      const std::string lhs = std::string(k.name) + " = " + value;
+      // At least two spaces before the meaning (tools/config_tables.py splits there).
+      const std::string buf = "  " + lhs + std::string(lhs.size() < 32 ? 33 - lhs.size() : 2, ' ');
       std::string when;
       for (const ConditionalRow& row : conditional_rows())
         for (const char* name : row.keys)

@@ -11,25 +11,46 @@
 // and what would be valid. Cross-key checks that need only the config
 // (model.n_embd % model.n_head, optim.min_lr <= optim.lr, and every key that
 // applies only under another setting: conditional_keys()) run last. Checks that
-// need the world size (dp*tp*pp*cp == ranks, tp | n_head) belong to the trainer.
+// need the world size (dp*tp*pp*cp == ranks), and the model's own (whether its
+// parts fit together, whether parallel.tp can cut it: model::ModelConfig, which
+// io may not include), belong to the trainer (train::checked_model_config).
 //
 // The structs are plain data with the defaults below, so code and tests can
 // also build a RunConfig directly.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace lattice::io {
 
+// The [model] section as written. `family` ("gpt2" | "llama") gives every
+// part key its default; a part key left unset — "" for the strings, 0 for
+// n_kv_head and ffn_hidden, no value for the numbers and switches — takes
+// the family's (model::ModelConfig::defaults, through train's
+// model_config_of, the one conversion). The io library checks spellings and
+// ranges only; whether the parts fit together (a GPT-2 with SwiGLU, rope with
+// an odd head size, tp against the heads) is ModelConfig::validate's and
+// check_tensor_parallel's, run by the trainer when the config is loaded.
 struct ModelSection {
+  std::string family = "gpt2";
   int n_layer = 12;
   int n_head = 12;
   int n_embd = 768;
   int vocab_size = 50257;
   int seq_len = 1024;
+  std::string norm;      // "" | "layernorm" | "rmsnorm"
+  std::string mlp;       // "" | "gelu" | "swiglu"
+  std::string position;  // "" | "learned" | "rope"
+  int n_kv_head = 0;     // key/value heads; 0: n_head
+  int ffn_hidden = 0;    // the MLP's hidden width; 0: the family's
+  std::optional<double> rope_theta;
+  std::optional<double> norm_eps;
+  std::optional<bool> bias;
+  std::optional<bool> tie_embeddings;
   bool operator==(const ModelSection&) const = default;
 };
 
@@ -193,7 +214,21 @@ struct ConditionalKey {
 };
 std::vector<ConditionalKey> conditional_keys();
 
+// The keys whose default depends on model.family, with what
+// model::ModelConfig::defaults gives each family, in words or as TOML
+// literals ("\"rmsnorm\"", "false", "n_head"): what --help-config and
+// docs/config.md show as their defaults, and what the conditional rows read
+// (model.rope_theta applies to rotary positions, llama's by default).
+// tests/train/config_model_test.cpp holds it to ModelConfig::defaults.
+struct FamilyDefault {
+  std::string key;  // "model.norm"
+  std::string gpt2;
+  std::string llama;
+};
+const std::vector<FamilyDefault>& family_defaults();
+
 // Every key as TOML, section by section; parse_config_text(config_to_toml(c)) == c.
+// A family key left unset is written as its unset value ("" or 0).
 std::string config_to_toml(const RunConfig& cfg);
 // ("model.n_layer", "12"), ("data.train", "\"data/*.bin\"") ... in table order;
 // values are TOML literals (strings quoted).

@@ -6,6 +6,7 @@
 //   Linear weight W is [OC, IC] (as torch.nn.Linear); out = inp · Wᵀ + b.
 //   qkv    [B, T, 3C]: Q = [..., 0:C], K = [..., C:2C], V = [..., 2C:3C];
 //          head h owns columns h*hs .. (h+1)*hs of each part (hs = C / NH).
+//          Grouped-query attention: [Q: NH·hs | K: NKV·hs | V: NKV·hs] (see Causal self-attention).
 //   *_backward_* functions ACCUMULATE (+=) into parameter gradients, so that
 //   gradient accumulation over micro-batches is free; input gradients are
 //   written (=) unless the signature says otherwise.
@@ -112,11 +113,13 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
 // (dwpe may be null: no position embedding)
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
 
-// ---- LayerNorm (eps = 1e-5) -------------------------------------------------
+// ---- LayerNorm ---------------------------------------------------------------
 // mean_i = (1/C) Σ_c x_ic ; rstd_i = 1/sqrt((1/C) Σ_c (x_ic - mean_i)² + eps)
 // out_ic = (x_ic - mean_i) · rstd_i · w_c + b_c        (mean, rstd: [N])
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int64_t N, int C);
+// eps > 0 (GPT-2 and torch.nn.LayerNorm use 1e-5, the default; a config's
+// norm_eps may say otherwise). The backward reads eps only through rstd.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int64_t N, int C, float eps = 1e-5f);
 // With x̂ = (x - mean)·rstd and g = dout ⊙ w:
 // dinp_ic += rstd_i · (g_ic - mean_c(g_i) - x̂_ic · mean_c(g_i ⊙ x̂_i))   (ACCUMULATES into dinp)
 void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* weight,
@@ -245,26 +248,56 @@ void store_16bit(DType t, const float* x, void* dst, int64_t n);
 // x ← f32(src) (exact)
 void load_16bit(DType t, const void* src, float* x, int64_t n);
 
-// ---- Causal self-attention -----------------------------------------------------
-// For each batch b and head h, with scale = 1/sqrt(hs):
-//   S = scale · Q Kᵀ (causal: S_ij = -inf for j > i), P = softmax_row(S), out = P V
-// Only out and lse_i = log Σ_j exp(S_ij) ([B, NH, T]) are stored; the T×T
-// probabilities are never kept (backward recomputes them from lse).
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
-// With D_i = Σ_d dout_id · out_id, P recomputed from lse:
-//   dV = Pᵀ dout ; dP = dout Vᵀ ; dS = P ⊙ (dP - D) ; dQ = scale·dS K ; dK = scale·dSᵀ Q
-// dqkv [B,T,3C] is written (=).
+// ---- Causal self-attention (multi-head and grouped-query) ------------------------
+// NH query heads share NKV key/value heads (NH % NKV == 0, group = NH / NKV):
+// query head h attends with key/value head h / group. NKV = NH is multi-head
+// attention (GPT-2), NKV = 1 multi-query, anything between grouped-query
+// (Llama 2 70B, Llama 3). Every head is hs wide. A qkv row of one token is
+//   [ Q: NH·hs | K: NKV·hs | V: NKV·hs ]     (row stride NH·hs + 2·NKV·hs)
+// with head h of each part at columns h·hs .. (h+1)·hs of that part.
+// For each batch b and query head h, with j = h / group and scale = 1/sqrt(hs):
+//   S = scale · Q_h K_jᵀ (causal: S_ik = -inf for k > i), P = softmax_row(S), out_h = P V_j
+// out is [B, T, NH·hs]; only out and lse_i = log Σ_k exp(S_ik) ([B, NH, T])
+// are stored; the T×T probabilities are never kept (backward recomputes them
+// from lse). Refuses non-positive sizes and NH % NKV != 0 (lattice::Error).
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV, int hs);
+// With D_i = Σ_d dout_id · out_id, P recomputed from lse, per query head h:
+//   dV_h = Pᵀ dout ; dP = dout Vᵀ ; dS = P ⊙ (dP - D) ; dQ = scale·dS K ; dK_h = scale·dSᵀ Q
+// and dK_j = Σ_{h: h/group = j} dK_h, dV_j likewise (a shared head gets the
+// sum over its query heads, in ascending h). dqkv has qkv's layout and is
+// written (=). Bitwise the same for any thread count: one task owns a (b, j)
+// pair and adds its query heads' contributions in a fixed order.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
-                        int T, int C, int NH);
+                        int T, int NH, int NKV, int hs);
 // Incremental (key/value-cached) attention of one sequence, for generation:
 // n new queries at positions [pos, pos + n) attend to the cached keys and
 // values of positions [0, pos + n) (causal: query pos + i sees keys ≤ pos + i).
-// q row i holds the queries of position pos + i, head h at columns h·hs
-// (leading dimension ldq); keys/values row j of position j, head h at columns
-// h·hs (leading dimension ld_kv). out [n, C] is written. Same math as
-// attention_forward; the scores of one query row are summed in key order.
-void attention_decode(float* out, const float* q, int64_t ldq, const float* keys, const float* values,
-                      int64_t ld_kv, int n, int pos, int C, int NH);
+// q row i holds the NH query heads of position pos + i, head h at columns
+// h·hs (leading dimension ldq ≥ NH·hs); keys/values row k holds the NKV heads
+// of position k, head j at columns j·hs (leading dimension ld_kv ≥ NKV·hs).
+// out [n, NH·hs] is written. Same math as attention_forward; the scores of one
+// query row are summed in key order. Refuses what attention_forward refuses,
+// pos < 0, and leading dimensions below those widths.
+void attention_decode(float* out, const float* q, int64_t ldq, const float* keys, const float* values, int64_t ld_kv,
+                      int n, int pos, int NH, int NKV, int hs);
+
+// The multi-head forms (NKV = NH, hs = C / NH): qkv [B, T, 3C] with Q, K, V at
+// columns [0, C), [C, 2C), [2C, 3C); out [B, T, C]; decode's keys/values rows
+// hold C values. Bitwise the same results as the grouped-query forms with
+// NKV = NH (they are those calls).
+// C / NH, refusing C % NH != 0 and non-positive C or NH (lattice::Error).
+int attention_head_size(int C, int NH);
+inline void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  attention_forward(out, lse, qkv, B, T, NH, NH, attention_head_size(C, NH));
+}
+inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                               int B, int T, int C, int NH) {
+  attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NH, attention_head_size(C, NH));
+}
+inline void attention_decode(float* out, const float* q, int64_t ldq, const float* keys, const float* values,
+                             int64_t ld_kv, int n, int pos, int C, int NH) {
+  attention_decode(out, q, ldq, keys, values, ld_kv, n, pos, NH, NH, attention_head_size(C, NH));
+}
 
 // ---- Softmax + cross-entropy ------------------------------------------------------
 // Rows of logits [N, Vp]; only the first V columns are real classes (columns

@@ -1,6 +1,7 @@
 #include "lattice/train/checkpointing.h"
 
 #include <filesystem>
+#include <optional>
 
 #include "lattice/comm/process_mesh.h"
 #include "lattice/core/error.h"
@@ -17,6 +18,21 @@ namespace lattice::train {
 namespace fs = std::filesystem;
 
 static const char* kMomentSuffix[2] = {".exp_avg", ".exp_avg_sq"};
+
+// The metadata entry of a checkpoint's model.safetensors that records the
+// model (its [model] section, every key written out), so the file alone —
+// given to checkpoint.init_from or `lattice generate` — says what it holds.
+static const char* kModelMetadata = "lattice.model";
+
+// The [model] section of a model as TOML, every key written out.
+static std::string model_toml(const model::ModelConfig& c) {
+  io::RunConfig r;
+  r.model = model_section_of(c);
+  std::string out = "[model]\n";
+  for (const auto& [key, value] : io::config_items(r))
+    if (key.rfind("model.", 0) == 0 && value != "\"\"") out += key.substr(6) + " = " + value + "\n";
+  return out;
+}
 
 static parallel::DataParallel::State state_of(ModelBuffer which) {
   switch (which) {
@@ -152,6 +168,7 @@ std::string Trainer::save_checkpoint() {
     io::SafeTensorsWriter layout[2];
     layout[0].set_metadata("format", "pt");
     layout[0].set_metadata("n_head", std::to_string(config_.model.n_head));
+    layout[0].set_metadata(kModelMetadata, model_toml(model_config_));
     for (const model::ParamGroup& group : layout_model.groups())
       for (const model::ParamInfo& p : group.params()) {
         layout[0].add(p.name, DType::F32, hf_shape(p), nullptr);
@@ -174,7 +191,10 @@ std::string Trainer::save_checkpoint() {
   files[0]->finish();
   files[1]->finish();
   io::JsonValue meta = io::JsonValue::object();
-  meta.set("config", io::JsonValue::string(io::config_to_toml(config_)));
+  // The model section with every family default written out.
+  io::RunConfig recorded = config_;
+  recorded.model = model_section_of(model_config_);
+  meta.set("config", io::JsonValue::string(io::config_to_toml(recorded)));
   meta.set("adam_steps", io::JsonValue::integer(optimizer().steps_taken()));
   meta.set("tokens_seen", io::JsonValue::unsigned_integer(tokens_seen_));
   meta.set("seed", io::JsonValue::integer(config_.train.seed));
@@ -193,17 +213,56 @@ std::string Trainer::save_checkpoint() {
   return w->commit(std::move(meta), config_.checkpoint.keep);
 }
 
-// The model section of a checkpoint's config must equal this run's.
-static void check_same_model(const io::ModelSection& have, const io::ModelSection& want, const std::string& dir) {
-  auto check = [&](const char* key, long long a, long long b) {
-    LATTICE_CHECK(a == b, "checkpoint '" << dir << "' was trained with model." << key << "=" << a
-                                         << " but this run has model." << key << "=" << b);
+// The model a checkpoint holds must be this run's: refused naming every key
+// that differs ("checkpoint 'x' was trained with model.family="gpt2",
+// model.norm="layernorm" but this run has model.family="llama",
+// model.norm="rmsnorm"). `what` names the checkpoint; the key `ignored` may differ.
+static void check_same_model(const model::ModelConfig& have, const model::ModelConfig& want, const std::string& what,
+                             const std::string& ignored = "") {
+  const std::vector<ModelDifference> differences = model_differences(have, want);
+  auto differs = [&](const char* key) {
+    for (const ModelDifference& d : differences)
+      if (d.key == key) return true;
+    return false;
   };
-  check("n_layer", have.n_layer, want.n_layer);
-  check("n_head", have.n_head, want.n_head);
-  check("n_embd", have.n_embd, want.n_embd);
-  check("vocab_size", have.vocab_size, want.vocab_size);
-  check("seq_len", have.seq_len, want.seq_len);
+  std::string there, here;
+  for (const ModelDifference& d : differences) {
+    if (d.key == ignored) continue;
+    // A width this run leaves to the family follows from the keys it derives
+    // from: they are named, it is not.
+    if (d.key == "model.ffn_hidden" && want.ffn_hidden == 0 && (differs("model.family") || differs("model.n_embd")))
+      continue;
+    if (d.key == "model.n_kv_head" && want.n_kv_head == 0 && differs("model.n_head")) continue;
+    there += (there.empty() ? "" : ", ") + d.key + "=" + d.have;
+    here += (here.empty() ? "" : ", ") + d.key + "=" + d.want;
+  }
+  LATTICE_CHECK(there.empty(), what << " was trained with " << there << " but this run has " << here);
+}
+
+// A model file's [model] section, when lattice wrote it (kModelMetadata).
+static std::optional<model::ModelConfig> recorded_model(const io::SafeTensorsReader& r) {
+  const auto it = r.metadata().find(kModelMetadata);
+  if (it == r.metadata().end()) return std::nullopt;
+  return model_config_of(io::parse_saved_config(it->second, r.path() + " metadata " + kModelMetadata).model);
+}
+
+void check_init_from(const io::SafeTensorsReader& file, const model::ModelConfig& want) {
+  const std::string what = "checkpoint.init_from='" + file.path() + "'";
+  if (const std::optional<model::ModelConfig> have = recorded_model(file)) {
+    // The shapes say the rest; a longer position table than seq_len is fine
+    // (import_hf_group), and rotary positions have none.
+    check_same_model(*have, want, what, "model.seq_len");
+    return;
+  }
+  // A file from elsewhere (the Hugging Face Hub): its names say its family.
+  const bool gpt2 = find_hf_tensor(file, "wte.weight") != nullptr;
+  const bool llama = file.find("model.embed_tokens.weight") != nullptr;
+  if (gpt2 && want.family != model::Family::GPT2)
+    LATTICE_FAIL(what << " holds a GPT-2 model (wte.weight) but model.family = \"" << model::name_of(want.family)
+                      << "\": set model.family=\"gpt2\"");
+  if (llama && want.family != model::Family::Llama)
+    LATTICE_FAIL(what << " holds a Llama model (model.embed_tokens.weight) but model.family = \""
+                      << model::name_of(want.family) << "\": set model.family=\"llama\"");
 }
 
 static HfSource source_of(const io::SafeTensorsReader& r, const std::string& suffix) {
@@ -229,7 +288,7 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
   io::verify_checkpoint(step_dir);
   io::JsonValue meta = io::read_checkpoint_meta(step_dir);
   io::RunConfig saved = io::parse_saved_config(meta.at("config").as_string(), step_dir + "/meta.json config");
-  check_same_model(saved.model, config_.model, step_dir);
+  check_same_model(model_config_of(saved.model), model_config_, "checkpoint '" + step_dir + "'");
   const std::string model_path = (fs::path(step_dir) / "model.safetensors").string();
   io::SafeTensorsReader model_file(model_path);
   io::SafeTensorsReader opt((fs::path(step_dir) / "optimizer.safetensors").string());
@@ -272,10 +331,16 @@ std::unique_ptr<model::GPT> load_model_for_inference(const std::string& path, in
     load_model_safetensors(*gpt, params_of(*gpt), (fs::path(step_dir) / "model.safetensors").string());
     return gpt;
   }
-  // A bare safetensors file: read the shape off the tensors.
+  // A bare safetensors file: the model lattice recorded in it, else a GPT-2
+  // whose shape is read off the tensors.
   model::ModelConfig mc;
   {
     io::SafeTensorsReader r(path);
+    if (const std::optional<model::ModelConfig> recorded = recorded_model(r)) {
+      auto gpt = std::make_unique<model::GPT>(*recorded, model::GPT::NoInit{});
+      load_model_safetensors(*gpt, params_of(*gpt), path);
+      return gpt;
+    }
     auto find = [&r](const std::string& name) { return find_hf_tensor(r, name); };
     const io::TensorEntry* wte = find("wte.weight");
     const io::TensorEntry* wpe = find("wpe.weight");

@@ -13,11 +13,23 @@
 
 #include "lattice/model/gpt.h"
 
+namespace lattice::io {
+class SafeTensorsReader;
+}
+
 namespace lattice::train {
 
+// Refuses (naming the keys) a checkpoint.init_from file that holds another
+// model than `want`: one lattice wrote records its [model] section, and every
+// key but seq_len must match (the tensor shapes are checked on loading); one
+// from elsewhere is refused when its names are the other family's (HF GPT-2's
+// wte.weight, HF Llama's model.embed_tokens.weight).
+void check_init_from(const io::SafeTensorsReader& file, const model::ModelConfig& want);
+
 // A model from a checkpoint directory (a run dir with `latest`, or a step
-// dir) or from a bare .safetensors file with HF GPT-2 names, whose shape is
-// read off the tensors (n_head from the file's metadata, else n_head_hint).
+// dir) or from a bare .safetensors file: the model lattice recorded in its
+// metadata, else HF GPT-2 names whose shape is read off the tensors (n_head
+// from the file's metadata, else n_head_hint).
 std::unique_ptr<model::GPT> load_model_for_inference(const std::string& path, int n_head_hint);
 
 }  // namespace lattice::train

@@ -31,6 +31,25 @@ std::string human_count(double x) {
 
 }  // namespace
 
+std::string describe_model(const model::ModelConfig& c) {
+  std::string s = std::string(model::name_of(c.family)) + ": " + model::name_of(c.norm) + ", ";
+  if (c.position == model::PositionKind::Rope) {
+    char theta[48];
+    std::snprintf(theta, sizeof theta, "rope(θ=%g)", static_cast<double>(c.rope_theta));
+    s += theta;
+  } else {
+    s += "learned positions";
+  }
+  s += std::string(", ") + model::name_of(c.mlp) + " " + std::to_string(c.ffn());
+  if (c.kv_heads() == c.n_head)
+    s += ", mha " + std::to_string(c.n_head) + " heads";
+  else
+    s += ", gqa " + std::to_string(c.n_head) + "q/" + std::to_string(c.kv_heads()) + "kv";
+  s += c.bias ? ", biases" : ", no bias";
+  s += c.tie_embeddings ? ", tied" : ", untied";
+  return s;
+}
+
 std::string Trainer::describe_pipeline() const {
   std::string out = "pipeline " + schedule_.name + " over " + std::to_string(schedule_.ranks) + " ranks, " +
                     std::to_string(schedule_.stages) + " stages of layers";
@@ -44,9 +63,9 @@ std::string Trainer::describe_pipeline() const {
 void Trainer::print_header() const {
   if (!options_.print || !is_root_) return;
   const auto& m = config_.model;
-  std::printf("lattice: GPT %s parameters (n_layer=%d n_head=%d n_embd=%d vocab=%d seq_len=%d)\n",
+  std::printf("lattice: model %s parameters (n_layer=%d n_head=%d n_embd=%d vocab=%d seq_len=%d), %s\n",
               human_count(static_cast<double>(model_config_.num_params())).c_str(), m.n_layer, m.n_head, m.n_embd,
-              m.vocab_size, m.seq_len);
+              m.vocab_size, m.seq_len, describe_model(model_config_).c_str());
   std::printf(
       "lattice: batch %d x %d tokens x %d micro-batches x %d data-parallel ranks = %lld tokens/step, %lld steps, "
       "%d threads per rank\n",
@@ -94,8 +113,8 @@ void Trainer::print_header() const {
     std::printf(
         "lattice: tensor parallel over %d ranks%s: each holds %d of %d heads, %d of %d MLP columns and %d of "
         "%d vocabulary rows (padded from %d)\n",
-        tp_->size(), tp_->sequence_parallel() ? ", sequence parallel" : "", d.NH, m.n_head, d.F, 4 * m.n_embd, d.V,
-        any.wte_rows(), m.vocab_size);
+        tp_->size(), tp_->sequence_parallel() ? ", sequence parallel" : "", d.NH, m.n_head, d.F, model_config_.ffn(),
+        d.V, any.wte_rows(), m.vocab_size);
   }
   if (config_.parallel.zero_stage > 0 && config_.parallel.dp == 1)
     std::printf(

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -29,6 +30,7 @@
 #include "lattice/parallel/pipeline/executor.h"
 #include "lattice/parallel/pipeline/timeline.h"
 #include "lattice/parallel/zero/disk_store.h"
+#include "lattice/train/checkpointing.h"
 #include "lattice/train/model_io.h"
 
 namespace lattice::train {
@@ -62,20 +64,87 @@ class StopSignalScope {
 }  // namespace
 
 model::ModelConfig model_config_of(const io::ModelSection& m) {
-  model::ModelConfig c;
+  model::ModelConfig c = model::ModelConfig::defaults(model::parse_family(m.family));
   c.n_layer = m.n_layer;
   c.n_head = m.n_head;
   c.n_embd = m.n_embd;
   c.vocab_size = m.vocab_size;
   c.seq_len = m.seq_len;
+  if (!m.norm.empty()) c.norm = model::parse_norm(m.norm);
+  if (!m.mlp.empty()) c.mlp = model::parse_mlp(m.mlp);
+  if (!m.position.empty()) c.position = model::parse_position(m.position);
+  c.n_kv_head = m.n_kv_head;
+  c.ffn_hidden = m.ffn_hidden;
+  if (m.rope_theta) c.rope_theta = static_cast<float>(*m.rope_theta);
+  if (m.norm_eps) c.norm_eps = static_cast<float>(*m.norm_eps);
+  if (m.bias) c.bias = *m.bias;
+  if (m.tie_embeddings) c.tie_embeddings = *m.tie_embeddings;
   return c;
 }
 
-Trainer::Trainer(const io::RunConfig& config, TrainerOptions options)
-    : config_(config), options_(options), model_config_(model_config_of(config.model)) {
+namespace {
+
+// The shortest decimal that reads back as x, as a double: 1e-5f is written
+// "0.00001", not 9.99999974737875e-06.
+double widened(float x) {
+  char buf[32];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, x);
+  double out = x;
+  if (ec == std::errc()) std::from_chars(buf, end, out);
+  return out;
+}
+
+}  // namespace
+
+io::ModelSection model_section_of(const model::ModelConfig& c) {
+  io::ModelSection m;
+  m.family = model::name_of(c.family);
+  m.n_layer = c.n_layer;
+  m.n_head = c.n_head;
+  m.n_embd = c.n_embd;
+  m.vocab_size = c.vocab_size;
+  m.seq_len = c.seq_len;
+  m.norm = model::name_of(c.norm);
+  m.mlp = model::name_of(c.mlp);
+  m.position = model::name_of(c.position);
+  m.n_kv_head = c.kv_heads();
+  m.ffn_hidden = c.ffn();
+  // rope_theta applies to rotary positions only (io's conditional keys).
+  if (c.position == model::PositionKind::Rope) m.rope_theta = widened(c.rope_theta);
+  m.norm_eps = widened(c.norm_eps);
+  m.bias = c.bias;
+  m.tie_embeddings = c.tie_embeddings;
+  return m;
+}
+
+model::ModelConfig checked_model_config(const io::RunConfig& config) {
+  model::ModelConfig c = model_config_of(config.model);
+  c.validate();
+  c.check_tensor_parallel(config.parallel.tp);
+  return c;
+}
+
+std::vector<ModelDifference> model_differences(const model::ModelConfig& have, const model::ModelConfig& want) {
+  io::RunConfig a, b;
+  a.model = model_section_of(have);
+  b.model = model_section_of(want);
+  const auto items_a = io::config_items(a), items_b = io::config_items(b);
+  std::vector<ModelDifference> out;
+  for (size_t i = 0; i < items_a.size(); i++) {
+    const auto& [key, value_a] = items_a[i];
+    const std::string& value_b = items_b[i].second;
+    // A key one side leaves unset (rope_theta of learned positions) goes
+    // with a difference of another (model.position), named already.
+    if (key.rfind("model.", 0) != 0 || value_a == value_b || value_a == "\"\"" || value_b == "\"\"") continue;
+    out.push_back({key, value_a, value_b});
+  }
+  return out;
+}
+
+Trainer::Trainer(const io::RunConfig& config, TrainerOptions options) : config_(config), options_(options) {
   io::validate_config(config_);
   io::check_landed(config_);
-  model_config_.validate();
+  model_config_ = checked_model_config(config_);
   compute_ = parse_dtype(config_.precision.compute);
   if (compute_ == DType::F16) {
     const io::PrecisionSection& pr = config_.precision;
@@ -228,6 +297,7 @@ void Trainer::build(uint64_t seed) {
   // all, so nothing is drawn then.
   if (!config_.checkpoint.init_from.empty()) {
     io::SafeTensorsReader file(config_.checkpoint.init_from);
+    check_init_from(file, model_config_);
     const HfSource src = safetensors_source(file, config_.checkpoint.init_from);
     load_state(&src, 1);
   } else if (config_.checkpoint.resume.empty()) {

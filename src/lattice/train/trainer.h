@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lattice/io/config.h"
@@ -215,7 +216,29 @@ class Trainer {
 // (and without a torn last line); leaves it untouched when there are none.
 void trim_metrics_after(const std::string& path, int64_t step);
 
-// The model's shape from the [model] section.
+// The model of a [model] section: model::ModelConfig::defaults of its family,
+// then every part key that is set (the one conversion; the trainer, resumed
+// checkpoints and inference all use it). Not checked: see checked_model_config.
 model::ModelConfig model_config_of(const io::ModelSection& model);
+// The inverse, every key written out (family defaults resolved): what a
+// checkpoint records, so that it reads the same model whatever a later
+// lattice's defaults are; model_config_of(model_section_of(c)) is the same
+// model as c (n_kv_head and ffn_hidden then explicit).
+io::ModelSection model_section_of(const model::ModelConfig& config);
+// The model of a run's config, refused (lattice::Error, one line naming the
+// keys) where ModelConfig::validate() or check_tensor_parallel(parallel.tp)
+// does: the trainer's first check after the io library's, and `lattice
+// inspect`'s for a config file.
+model::ModelConfig checked_model_config(const io::RunConfig& config);
+// The model in one line for the run header: the family and its parts, e.g.
+// "llama: rmsnorm, rope(θ=10000), swiglu 2304, gqa 12q/4kv, no bias, untied".
+std::string describe_model(const model::ModelConfig& config);
+// The [model] keys on which two models differ, in table order, with each
+// one's value as a TOML literal; empty when they are the same model.
+struct ModelDifference {
+  std::string key;  // "model.family"
+  std::string have, want;
+};
+std::vector<ModelDifference> model_differences(const model::ModelConfig& have, const model::ModelConfig& want);
 
 }  // namespace lattice::train

@@ -1,29 +1,36 @@
-// Causal multi-head self-attention, blocked by query rows (flash-attention
-// style: the T×T probabilities are never stored; the forward keeps only the
-// output and the log-sum-exp of each row, the backward recomputes P from it).
+// Causal self-attention with NH query heads sharing NKV key/value heads
+// (grouped-query; NKV = NH is multi-head attention), blocked by query rows
+// (flash-attention style: the T×T probabilities are never stored; the forward
+// keeps only the output and the log-sum-exp of each row, the backward
+// recomputes P from it). A qkv row is [Q: NH·hs | K: NKV·hs | V: NKV·hs];
+// query head h reads key/value head j = h / group, group = NH / NKV. Nothing
+// is expanded: the GEMMs read K_j and V_j in place for every query head.
 //
-// For batch b, head h (hs = C/NH, scale = 1/√hs) and a block of query rows
-// i ∈ [i0, i1) (kQueryBlock rows), only keys j < i1 can be visible, so key
+// For batch b, query head h (scale = 1/√hs) and a block of query rows
+// i ∈ [i0, i1) (kQueryBlock rows), only keys k < i1 can be visible, so key
 // blocks entirely in the future are never touched:
-//   S  = scale · Q[i0:i1] · K[0:i1]ᵀ                  small GEMM into a per-thread tile
-//   S_ij = -inf for j > i ; m_i = max_j S_ij ; l_i = Σ_j exp(S_ij - m_i)
+//   S  = scale · Q_h[i0:i1] · K_j[0:i1]ᵀ               small GEMM into a per-thread tile
+//   S_ik = -inf for k > i ; m_i = max_k S_ik ; l_i = Σ_k exp(S_ik - m_i)
 //   E  = exp(S - m) ; lse_i = m_i + log l_i
-//   out[i0:i1] = (E · V[0:i1]) / l                      small GEMM, then a row scale
+//   out_h[i0:i1] = (E · V_j[0:i1]) / l                  small GEMM, then a row scale
 // The tile is [kQueryBlock, i1] floats (256 KiB at T = 1024), so it stays in
 // L2 between the two GEMMs and the softmax; with the whole visible key range in
 // one tile the softmax is exact in one step (no online rescaling is needed).
 //
 // Backward for one (b, h), D_i = Σ_d dout_id·out_id, for each query block:
-//   P   = exp(scale · Q Kᵀ - lse)  (masked)             recomputed
-//   dV[0:i1] += Pᵀ · dout[i0:i1]
-//   dP  = dout[i0:i1] · V[0:i1]ᵀ
+//   P   = exp(scale · Q_h K_jᵀ - lse)  (masked)         recomputed
+//   dV_j[0:i1] += Pᵀ · dout_h[i0:i1]
+//   dP  = dout_h[i0:i1] · V_j[0:i1]ᵀ
 //   dS  = P ⊙ (dP - D)
-//   dQ[i0:i1]  = scale · dS · K[0:i1]
-//   dK[0:i1]  += scale · dSᵀ · Q[i0:i1]
-// Forward tasks are (b, h, query block); backward tasks are (b, h), because
-// dK and dV of a head collect contributions from all of its query blocks.
-// Every task writes disjoint memory and runs its GEMMs on one thread, so the
-// result is the same for every thread count.
+//   dQ_h[i0:i1] = scale · dS · K_j[0:i1]
+//   dK_j[0:i1] += scale · dSᵀ · Q_h[i0:i1]
+// Forward tasks are (b, h, query block). Backward tasks are (b, j): dK_j and
+// dV_j collect contributions from every query block of every query head of
+// the group, so one task owns them and adds the query heads in ascending
+// order, each head's query blocks in ascending order (beta = 1 GEMMs into
+// the zeroed dK_j, dV_j). Every task writes disjoint memory and runs its
+// GEMMs on one thread, so the result is the same for every thread count. With
+// NKV = NH a task is one head: exactly the multi-head kernel.
 #include <omp.h>
 
 #include <algorithm>
@@ -50,10 +57,12 @@ float* workspace(int64_t floats_per_thread, int threads) {
   return buffer.as<float>();
 }
 
-void check_args(int B, int T, int C, int NH) {
-  LATTICE_CHECK(B > 0 && T > 0 && C > 0 && NH > 0,
-                "attention: sizes must be positive, got B=" << B << " T=" << T << " C=" << C << " NH=" << NH);
-  LATTICE_CHECK(C % NH == 0, "attention: C=" << C << " is not divisible by NH=" << NH);
+void check_args(const char* what, int B, int T, int NH, int NKV, int hs) {
+  LATTICE_CHECK(B > 0 && T > 0 && NH > 0 && NKV > 0 && hs > 0, what << ": sizes must be positive, got B=" << B
+                                                                    << " T=" << T << " NH=" << NH << " NKV=" << NKV
+                                                                    << " hs=" << hs);
+  LATTICE_CHECK(NH % NKV == 0, what << ": NH=" << NH << " query heads cannot share NKV=" << NKV
+                                    << " key/value heads (NH must be a multiple of NKV)");
 }
 
 // kCausalMask[kQueryBlock - 1 - r + c] is 0 for c ≤ r and -inf for c > r: row
@@ -151,11 +160,18 @@ void zero_rows(float* x, int rows, int cols, int64_t ld) {
 
 }  // namespace
 
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-  check_args(B, T, C, NH);
-  const int hs = C / NH;
+int attention_head_size(int C, int NH) {
+  LATTICE_CHECK(C > 0 && NH > 0, "attention: sizes must be positive, got C=" << C << " NH=" << NH);
+  LATTICE_CHECK(C % NH == 0, "attention: C=" << C << " is not divisible by NH=" << NH);
+  return C / NH;
+}
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV, int hs) {
+  check_args("attention_forward", B, T, NH, NKV, hs);
+  const int group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int64_t ld_qkv = 3 * static_cast<int64_t>(C);
+  const int64_t q_width = static_cast<int64_t>(NH) * hs, kv_width = static_cast<int64_t>(NKV) * hs;
+  const int64_t ld_qkv = q_width + 2 * kv_width;
   const int query_blocks = (T + kQueryBlock - 1) / kQueryBlock;
   const int64_t heads = static_cast<int64_t>(B) * NH;
   const int64_t tile = static_cast<int64_t>(kQueryBlock) * T;
@@ -167,66 +183,69 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
   for (int64_t task = 0; task < heads * query_blocks; ++task) {
     const int qb = query_blocks - 1 - static_cast<int>(task / heads);
     const int64_t bh = task % heads;
-    const int64_t b = bh / NH, h = bh % NH;
+    const int64_t b = bh / NH, h = bh % NH, j = h / group;
     const int i0 = qb * kQueryBlock, i1 = std::min(T, i0 + kQueryBlock), rows = i1 - i0, keys = i1;
     const float* q = qkv + (b * T + i0) * ld_qkv + h * hs;
-    const float* k = qkv + b * T * ld_qkv + C + h * hs;
-    const float* v = qkv + b * T * ld_qkv + 2 * C + h * hs;
+    const float* k = qkv + b * T * ld_qkv + q_width + j * hs;
+    const float* v = k + kv_width;
     float* S = tiles + omp_get_thread_num() * per_thread;
     float* inv_l = S + tile;
-    float* o = out + (b * T + i0) * C + h * hs;
+    float* o = out + (b * T + i0) * q_width + h * hs;
     small_gemm(false, true, rows, keys, hs, scale, q, ld_qkv, k, ld_qkv, 0.0f, S, keys);
     cpu::simd([&] { return mask_future(S, rows, keys, i0); });
     cpu::simd([&] { return softmax_rows(S, lse + bh * T + i0, inv_l, rows, keys); });
-    small_gemm(false, false, rows, hs, keys, 1.0f, S, keys, v, ld_qkv, 0.0f, o, C);
-    cpu::simd([&] { return scale_rows(o, inv_l, rows, hs, C); });
+    small_gemm(false, false, rows, hs, keys, 1.0f, S, keys, v, ld_qkv, 0.0f, o, q_width);
+    cpu::simd([&] { return scale_rows(o, inv_l, rows, hs, q_width); });
   }
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
-                        int T, int C, int NH) {
-  check_args(B, T, C, NH);
-  const int hs = C / NH;
+                        int T, int NH, int NKV, int hs) {
+  check_args("attention_backward", B, T, NH, NKV, hs);
+  const int group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int64_t ld_qkv = 3 * static_cast<int64_t>(C);
+  const int64_t q_width = static_cast<int64_t>(NH) * hs, kv_width = static_cast<int64_t>(NKV) * hs;
+  const int64_t ld_qkv = q_width + 2 * kv_width;
   const int query_blocks = (T + kQueryBlock - 1) / kQueryBlock;
-  const int64_t heads = static_cast<int64_t>(B) * NH;
+  const int64_t kv_heads = static_cast<int64_t>(B) * NKV;
   const int64_t tile = static_cast<int64_t>(kQueryBlock) * T;
   const int64_t per_thread = 2 * tile + T;  // P tile, dP tile, D
   float* tiles = workspace(per_thread, omp_get_max_threads());
 
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t bh = 0; bh < heads; ++bh) {
-    const int64_t b = bh / NH, h = bh % NH;
+  for (int64_t bj = 0; bj < kv_heads; ++bj) {
+    const int64_t b = bj / NKV, j = bj % NKV;
     float* P = tiles + omp_get_thread_num() * per_thread;
     float* dP = P + tile;
     float* D = dP + tile;
-    const float* q = qkv + b * T * ld_qkv + h * hs;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* dq = dqkv + b * T * ld_qkv + h * hs;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    const float* dy = dout + b * T * C + h * hs;
-    const float* lse_bh = lse + bh * T;
-    cpu::simd([&] { return row_dots(D, dy, out + b * T * C + h * hs, T, hs, C); });
+    const float* k = qkv + b * T * ld_qkv + q_width + j * hs;
+    const float* v = k + kv_width;
+    float* dk = dqkv + b * T * ld_qkv + q_width + j * hs;
+    float* dv = dk + kv_width;
     zero_rows(dk, T, hs, ld_qkv);
     zero_rows(dv, T, hs, ld_qkv);
-    for (int qb = 0; qb < query_blocks; ++qb) {
-      const int i0 = qb * kQueryBlock, i1 = std::min(T, i0 + kQueryBlock), rows = i1 - i0, keys = i1;
-      const float* q_blk = q + i0 * ld_qkv;
-      const float* dy_blk = dy + static_cast<int64_t>(i0) * C;
-      small_gemm(false, true, rows, keys, hs, scale, q_blk, ld_qkv, k, ld_qkv, 0.0f, P, keys);
-      small_gemm(false, true, rows, keys, hs, 1.0f, dy_blk, C, v, ld_qkv, 0.0f, dP, keys);
-      cpu::simd([&] { return mask_future(P, rows, keys, i0); });
-      cpu::simd([&] { return recompute_p_and_ds(P, dP, lse_bh + i0, D + i0, rows, keys); });
-      small_gemm(true, false, keys, hs, rows, 1.0f, P, keys, dy_blk, C, 1.0f, dv, ld_qkv);
-      small_gemm(false, false, rows, hs, keys, scale, dP, keys, k, ld_qkv, 0.0f, dq + i0 * ld_qkv, ld_qkv);
-      small_gemm(true, false, keys, hs, rows, scale, dP, keys, q_blk, ld_qkv, 1.0f, dk, ld_qkv);
+    // The group's query heads in ascending order: the fixed summation order of dK_j and dV_j.
+    for (int64_t h = j * group; h < (j + 1) * group; ++h) {
+      const float* q = qkv + b * T * ld_qkv + h * hs;
+      float* dq = dqkv + b * T * ld_qkv + h * hs;
+      const float* dy = dout + b * T * q_width + h * hs;
+      const float* lse_bh = lse + (b * NH + h) * T;
+      cpu::simd([&] { return row_dots(D, dy, out + b * T * q_width + h * hs, T, hs, q_width); });
+      for (int qb = 0; qb < query_blocks; ++qb) {
+        const int i0 = qb * kQueryBlock, i1 = std::min(T, i0 + kQueryBlock), rows = i1 - i0, keys = i1;
+        const float* q_blk = q + i0 * ld_qkv;
+        const float* dy_blk = dy + i0 * q_width;
+        small_gemm(false, true, rows, keys, hs, scale, q_blk, ld_qkv, k, ld_qkv, 0.0f, P, keys);
+        small_gemm(false, true, rows, keys, hs, 1.0f, dy_blk, q_width, v, ld_qkv, 0.0f, dP, keys);
+        cpu::simd([&] { return mask_future(P, rows, keys, i0); });
+        cpu::simd([&] { return recompute_p_and_ds(P, dP, lse_bh + i0, D + i0, rows, keys); });
+        small_gemm(true, false, keys, hs, rows, 1.0f, P, keys, dy_blk, q_width, 1.0f, dv, ld_qkv);
+        small_gemm(false, false, rows, hs, keys, scale, dP, keys, k, ld_qkv, 0.0f, dq + i0 * ld_qkv, ld_qkv);
+        small_gemm(true, false, keys, hs, rows, scale, dP, keys, q_blk, ld_qkv, 1.0f, dk, ld_qkv);
+      }
     }
   }
 }
-
 // One query row against keys [0, visible): scores into s, then out = softmax(s)·V.
 void decode_row(float* out, const float* q, const float* keys, const float* values, int64_t ld_kv, int visible,
                 int hs, float scale, float* s) {
@@ -255,19 +274,25 @@ void decode_row(float* out, const float* q, const float* keys, const float* valu
   for (int d = 0; d < hs; ++d) out[d] *= inv_l;
 }
 
-void attention_decode(float* out, const float* q, int64_t ldq, const float* keys, const float* values,
-                      int64_t ld_kv, int n, int pos, int C, int NH) {
-  check_args(1, n, C, NH);
+void attention_decode(float* out, const float* q, int64_t ldq, const float* keys, const float* values, int64_t ld_kv,
+                      int n, int pos, int NH, int NKV, int hs) {
+  check_args("attention_decode", 1, n, NH, NKV, hs);
   LATTICE_CHECK(pos >= 0, "attention_decode: position must be >= 0, got " << pos);
-  const int hs = C / NH;
+  const int64_t q_width = static_cast<int64_t>(NH) * hs, kv_width = static_cast<int64_t>(NKV) * hs;
+  LATTICE_CHECK(ldq >= q_width && ld_kv >= kv_width,
+                "attention_decode: leading dimensions ldq=" << ldq << " ld_kv=" << ld_kv << " must be at least NH·hs="
+                                                            << q_width << " and NKV·hs=" << kv_width);
+  const int group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t visible_max = static_cast<int64_t>(pos) + n;
   float* scores = workspace(visible_max, omp_get_max_threads());
 #pragma omp parallel for schedule(dynamic, 1) if (static_cast<int64_t>(n) * NH * visible_max * hs > (1 << 16))
   for (int64_t task = 0; task < static_cast<int64_t>(n) * NH; ++task) {
-    const int i = static_cast<int>(task / NH), h = static_cast<int>(task % NH);
-    cpu::simd([&] { return decode_row(out + static_cast<int64_t>(i) * C + h * hs, q + i * ldq + h * hs, keys + h * hs, values + h * hs,
-               ld_kv, pos + i + 1, hs, scale, scores + omp_get_thread_num() * visible_max); });
+    const int i = static_cast<int>(task / NH), h = static_cast<int>(task % NH), j = h / group;
+    cpu::simd([&] {
+      return decode_row(out + i * q_width + h * hs, q + i * ldq + h * hs, keys + j * hs, values + j * hs, ld_kv,
+                        pos + i + 1, hs, scale, scores + omp_get_thread_num() * visible_max);
+    });
   }
 }
 

@@ -1,4 +1,4 @@
-// LayerNorm over the last dimension C, eps = 1e-5.
+// LayerNorm over the last dimension C (eps: the caller's, 1e-5 by default).
 //   mean_i = (1/C) Σ_c x_ic ; var_i = (1/C) Σ_c (x_ic - mean_i)² ; rstd_i = 1/sqrt(var_i + eps)
 //   x̂_ic = (x_ic - mean_i)·rstd_i ; out_ic = x̂_ic·w_c + b_c
 // The variance is the two-pass form (sum of squared deviations from the mean
@@ -10,10 +10,10 @@
 // Backward, with g = dout ⊙ w:
 //   dx_ic  = rstd_i · (g_ic - mean_c(g_i) - x̂_ic · mean_c(g_i ⊙ x̂_i))
 //   dw_c (+)= Σ_i dout_ic·x̂_ic ; db_c (+)= Σ_i dout_ic
+#include <algorithm>
 #include <cmath>
 
-#include <algorithm>
-
+#include "lattice/core/error.h"
 #include "lattice/kernels/cpu/simd.h"
 #include "lattice/kernels/cpu/vec_math.h"
 #include "lattice/kernels/ops.h"
@@ -21,7 +21,6 @@
 namespace lattice::kernels {
 namespace {
 
-constexpr float kEps = 1e-5f;
 constexpr int64_t kRowBlock = 16;        // rows per OpenMP task (forward, input grad)
 constexpr int64_t kColumnBlock = 128;    // columns per OpenMP task (weight grads)
 
@@ -30,7 +29,7 @@ constexpr int64_t kColumnBlock = 128;    // columns per OpenMP task (weight grad
 // the deviations keep full precision, where a plain float Σx would lose the
 // digits of the mean that the deviations are made of.
 void forward_rows(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                  int64_t row_begin, int64_t row_end, int C) {
+                  int64_t row_begin, int64_t row_end, int C, float eps) {
   for (int64_t i = row_begin; i < row_end; ++i) {
     const float* x = inp + i * C;
     const float shift = x[0];
@@ -44,7 +43,7 @@ void forward_rows(float* out, float* mean, float* rstd, const float* inp, const 
       const float d = (x[c] - shift) - delta;
       sq += d * d;
     }
-    const float s = 1.0f / std::sqrt(sq / C + kEps);
+    const float s = 1.0f / std::sqrt(sq / C + eps);
     float* o = out + i * C;
     for (int c = 0; c < C; ++c) o[c] = ((x[c] - shift) - delta) * s * weight[c] + bias[c];
     mean[i] = shift + delta;
@@ -99,12 +98,16 @@ void backward_weight_columns(float* dweight, float* dbias, const float* dout, co
 
 }  // namespace
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int64_t N, int C) {
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int64_t N, int C, float eps) {
+  LATTICE_CHECK(eps > 0.0f && std::isfinite(eps),
+                "layernorm_forward: eps=" << eps << " must be a finite number > 0 (a constant row would give 0/0)");
   const int64_t blocks = (N + kRowBlock - 1) / kRowBlock;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b)
-    cpu::simd([&] { return forward_rows(out, mean, rstd, inp, weight, bias, b * kRowBlock, std::min(N, (b + 1) * kRowBlock), C); });
+    cpu::simd([&] {
+      return forward_rows(out, mean, rstd, inp, weight, bias, b * kRowBlock, std::min(N, (b + 1) * kRowBlock), C, eps);
+    });
 }
 
 void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* weight,
