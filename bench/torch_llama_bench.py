@@ -22,7 +22,8 @@ model from one file; a key the file leaves out takes lattice's Llama default
 (ModelConfig::defaults(Family::Llama) and ModelConfig::ffn in
 src/lattice/model/config.*): n_layer 12, n_head 12, n_embd 768, vocab_size
 50257, n_kv_head = n_head, ffn_hidden = 8C/3 rounded up to a multiple of 256,
-rope_theta 10000, norm_eps 1e-5, no biases, tie_embeddings false. The flags
+rope_theta 10000, norm_eps 1e-5, no biases, tie_embeddings false (a key set to
+"" is left out, as lattice reads it; docs/config.md). The flags
 (--n-layer, --n-head, --n-embd, --vocab, --n-kv-head, --ffn-hidden,
 --tie-embeddings) override the file. model.seq_len (lattice's longest
 sequence) is not read: --seq is the trained length, and the compare script
@@ -67,6 +68,8 @@ def read_model_table(path):
     try:
         with open(path, "rb") as f:
             model = tomllib.load(f).get("model", {})
+    # A part key set to "" is the family's default (docs/config.md), as one left out.
+    model = {k: v for k, v in model.items() if v != ""}
     except OSError as e:
         raise ValueError(f"--config {path}: {e.strerror}")
     except tomllib.TOMLDecodeError as e:
