@@ -68,12 +68,12 @@ def read_model_table(path):
     try:
         with open(path, "rb") as f:
             model = tomllib.load(f).get("model", {})
-    # A part key set to "" is the family's default (docs/config.md), as one left out.
-    model = {k: v for k, v in model.items() if v != ""}
     except OSError as e:
         raise ValueError(f"--config {path}: {e.strerror}")
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"--config {path}: not TOML ({e})")
+    # A part key set to "" is the family's default (docs/config.md), as one left out.
+    model = {k: v for k, v in model.items() if v != ""}
     for key, want in LLAMA_PARTS.items():
         got = model.get(key, "gpt2" if key == "family" else want)
         if got != want:
