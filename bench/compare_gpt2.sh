@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# GPT-2 CPU training throughput: lattice against PyTorch, same configs, same run.
+# GPT-2 and Llama CPU training throughput: lattice against PyTorch, same configs, same run.
 #
-#   bench/compare_gpt2.sh [--quick] [--threads "1 2"] [--rows FILTER] [--steps S] [--warmup W]
-#                         [--repeat R] [--skip-lattice] [--skip-pytorch] [--out results.jsonl]
-#                         [--coretype NAME] [--recalibrate]
+#   bench/compare_gpt2.sh [--model gpt2|llama|all] [--quick] [--threads "1 2"] [--rows FILTER]
+#                         [--steps S] [--warmup W] [--repeat R] [--skip-lattice] [--skip-pytorch]
+#                         [--out results.jsonl] [--coretype NAME] [--recalibrate]
 #
-# Rows (V = 50257):
+# Rows (V = 50257), --model gpt2 (the default):
 #   gpt2-124M-B4-T64     L=12 C=768 H=12  B=4 T=64
 #   gpt2-124M-B4-T256    L=12 C=768 H=12  B=4 T=256
 #   L6-C384-B8-T256      L=6  C=384 H=6   B=8 T=256
-# each with every thread count of --threads (default "1 2").
+# --model llama (the shape is configs/llama-125m.toml's [model], read by both sides:
+# L=12 C=768 H=12, 4 key/value heads, SwiGLU 2304, tied head, 121.2M parameters):
+#   llama-125M-B4-T64    B=4 T=64
+#   llama-125M-B4-T256   B=4 T=256
+# --model all: both. Each row runs with every thread count of --threads (default "1 2").
 # --rows keeps the rows whose name contains any of the comma-separated FILTERs.
 # --repeat R (default 1) runs PyTorch and lattice R times each, alternating, and
 # reports each side's best run with the range of all of them: on a shared
@@ -21,7 +25,9 @@
 #
 # One step = forward + backward + AdamW, fp32, no gradient accumulation.
 #
-# PyTorch side: bench/torch_gpt2_bench.py, at its best on the CPU at hand.
+# PyTorch side: bench/torch_gpt2_bench.py (GPT-2 rows) or bench/torch_llama_bench.py (Llama
+# rows, --config configs/llama-125m.toml: the same driver, tools/llama_reference.py's model),
+# at its best on the CPU at hand.
 # First, once per thread count, bench/torch_blas.py makes torch run on
 # OpenBLAS (installing python3-torch and libopenblas0-pthread with apt-get
 # when missing, and pointing the libblas.so.3 alternative at OpenBLAS) and
@@ -48,11 +54,22 @@
 #
 # lattice side: $LATTICE_BIN (default build/lattice) bench train --set ... --json,
 # which prints one JSON line {"impl":"lattice","tokens_per_sec","step_ms","model_flops_per_sec",...}.
-# Both count model FLOPs per token as 6*N + 12*L*C*T (N = all parameters but
-# the position embedding, tied embedding once).
+# GPT-2 rows set the shape with --set model.*; Llama rows read it from the config
+# (-c configs/llama-125m.toml) and set back to the defaults the GPT-2 rows run with
+# the keys of that file that are not the model's: train.global_batch_size=0 and
+# train.grad_accum_steps=1 (one micro-batch per step), parallel.zero_stage=0,
+# optim.warmup_steps=0. Both sides count model FLOPs per token as 6*N + 12*L*C*T
+# (N = the parameters that are multiplied: all but the position embedding and an
+# untied token embedding, a tied embedding once; ModelConfig::flops_per_token), and
+# a row whose two sides' FLOPs per token differ gets a "!" beside its ratio and a
+# line saying so: they did not build the same model, and the ratio means nothing.
 #
 # % of peak: fp32 peak per core times the thread count. The peak per core is
-# measured at the start by "$LATTICE_BIN bench peak --json"; where that is not
+# measured by "$LATTICE_BIN bench peak --json" at the start and again at the
+# end, and the higher of the two is used (other load only lowers a measurement:
+# on 2026-12-02 one taken as other tenants' jobs wound down read 175 GFLOP/s
+# per core where the quiet machine gives 218, and put lattice at "100%"); the
+# table says which and both figures. Where that is not
 # available, $LATTICE_PEAK_GFLOPS_PER_CORE (GFLOP/s) is used if set, else
 # % peak is n/a. The table's header names the CPU, its ISA, the peak and where
 # it came from, and the OpenBLAS core type chosen per thread count; its rows
@@ -64,6 +81,7 @@ source bench/common.sh
 PYTHON=${PYTHON:-/usr/bin/python3}
 LATTICE_BIN=${LATTICE_BIN:-build/lattice}
 THREADS="1 2"
+MODEL=gpt2
 ROWS_FILTER=""
 STEPS=""
 WARMUP=""
@@ -78,6 +96,7 @@ RECALIBRATE=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) QUICK=1 ;;
+    --model) MODEL="$2"; shift ;;
     --threads) THREADS="$2"; shift ;;
     --rows) ROWS_FILTER="$2"; shift ;;
     --steps) STEPS="$2"; shift ;;
@@ -93,6 +112,10 @@ while [[ $# -gt 0 ]]; do
   esac
   shift
 done
+if [[ "$MODEL" != gpt2 && "$MODEL" != llama && "$MODEL" != all ]]; then
+  echo "compare_gpt2.sh: --model must be gpt2, llama or all, got '$MODEL'" >&2
+  exit 2
+fi
 if ! [[ "$REPEAT" =~ ^[1-9][0-9]*$ ]]; then
   echo "compare_gpt2.sh: --repeat needs a positive integer, got '$REPEAT'" >&2
   exit 2
@@ -106,11 +129,13 @@ fi
 if [[ -z "$STEPS" ]]; then STEPS=$([[ $QUICK == 1 ]] && echo 2 || echo 5); fi
 if [[ -z "$WARMUP" ]]; then WARMUP=$([[ $QUICK == 1 ]] && echo 1 || echo 2); fi
 
-# name L H C V B T
+# name family B T, then the model: L H C V (gpt2) or the config whose [model] both sides read (llama)
 ROWS=(
-  "gpt2-124M-B4-T64 12 12 768 50257 4 64"
-  "gpt2-124M-B4-T256 12 12 768 50257 4 256"
-  "L6-C384-B8-T256 6 6 384 50257 8 256"
+  "gpt2-124M-B4-T64 gpt2 4 64 12 12 768 50257"
+  "gpt2-124M-B4-T256 gpt2 4 256 12 12 768 50257"
+  "L6-C384-B8-T256 gpt2 8 256 6 6 384 50257"
+  "llama-125M-B4-T64 llama 4 64 configs/llama-125m.toml"
+  "llama-125M-B4-T256 llama 4 256 configs/llama-125m.toml"
 )
 
 
@@ -141,22 +166,22 @@ record() {  # row threads impl json-or-empty
   printf '%s\t%s\t%s\n' "$row" "$threads" "$json" >> "$results"
 }
 
-# The machine's fp32 GEMM peak, measured by lattice itself.
-PEAK_JSON=""
+# The machine's fp32 GEMM peak, measured by lattice itself (at the start and at the end).
 PEAK_NOTE=""
-if [[ -x "$LATTICE_BIN" ]]; then
-  echo "== peak: $LATTICE_BIN bench peak --json" >&2
-  PEAK_JSON=$("$LATTICE_BIN" bench peak --json 2>"$peak_err" | json_line) || true
-  if [[ -z "$PEAK_JSON" ]]; then
+measure_peak() {  # when ("start" or "end")
+  local json peak_threads
+  [[ -x "$LATTICE_BIN" ]] || { PEAK_NOTE="$LATTICE_BIN not built, so no bench peak"; return 0; }
+  echo "== peak ($1): $LATTICE_BIN bench peak --json" >&2
+  json=$("$LATTICE_BIN" bench peak --json 2>"$peak_err" | json_line) || true
+  if [[ -z "$json" ]]; then
     PEAK_NOTE="$LATTICE_BIN bench peak gave no result ($(grep -v '^[[:space:]]*$' "$peak_err" | head -n 1 || true))"
     echo "   $PEAK_NOTE" >&2
   else
-    peak_threads=$(grep -o '"threads":[0-9]*' <<< "$PEAK_JSON" | grep -o '[0-9]*$' || echo 0)
-    record _peak "$peak_threads" lattice-peak "$PEAK_JSON"
+    peak_threads=$(grep -o '"threads":[0-9]*' <<< "$json" | grep -o '[0-9]*$' || echo 0)
+    record _peak "$peak_threads" lattice-peak "${json%\}},\"when\":\"$1\"}"
   fi
-else
-  PEAK_NOTE="$LATTICE_BIN not built, so no bench peak"
-fi
+}
+measure_peak start
 
 # OpenBLAS for PyTorch, once per thread count (later runs read the cached core type).
 BENCH_BLAS_ARGS=()
@@ -176,30 +201,41 @@ if [[ $RUN_PYTORCH == 1 ]]; then
 fi
 
 for row in "${ROWS[@]}"; do
-  read -r name L H C V B T <<< "$row"
+  read -r name family B T model <<< "$row"
+  [[ "$MODEL" == all || "$MODEL" == "$family" ]] || continue
   keep_row "$name" || continue
+  if [[ $family == gpt2 ]]; then
+    read -r L H C V <<< "$model"
+    torch_model=(bench/torch_gpt2_bench.py --n-layer "$L" --n-head "$H" --n-embd "$C" --vocab "$V")
+    lattice_model=(--set model.n_layer="$L" --set model.n_head="$H" --set model.n_embd="$C" --set model.vocab_size="$V")
+  else
+    torch_model=(bench/torch_llama_bench.py --config "$model")
+    lattice_model=(-c "$model" --set train.global_batch_size=0 --set train.grad_accum_steps=1
+                   --set parallel.zero_stage=0 --set optim.warmup_steps=0)
+  fi
   for n in $THREADS; do
     for ((rep = 1; rep <= REPEAT; rep++)); do
       run_tag=$([[ $REPEAT -gt 1 ]] && echo " (run $rep/$REPEAT)" || true)
       if [[ $RUN_PYTORCH == 1 ]]; then
         echo "== $name threads=$n: pytorch$run_tag" >&2
-        out=$("$PYTHON" bench/torch_gpt2_bench.py --n-layer "$L" --n-head "$H" --n-embd "$C" --vocab "$V" \
-                --batch "$B" --seq "$T" --threads "$n" --steps "$STEPS" --warmup "$WARMUP" \
-                "${BENCH_BLAS_ARGS[@]}" | json_line) || true
+        out=$("$PYTHON" "${torch_model[@]}" --batch "$B" --seq "$T" --threads "$n" --steps "$STEPS" \
+                --warmup "$WARMUP" "${BENCH_BLAS_ARGS[@]}" | json_line) || true
         [[ -n "$out" ]] || echo "   pytorch run failed" >&2
         record "$name" "$n" pytorch "$out"
       fi
       if [[ $RUN_LATTICE == 1 ]]; then
         echo "== $name threads=$n: lattice$run_tag" >&2
-        out=$("$LATTICE_BIN" bench train --set model.n_layer="$L" --set model.n_head="$H" --set model.n_embd="$C" \
-                --set model.vocab_size="$V" --set model.seq_len="$T" --set train.micro_batch_size="$B" \
-                --set train.threads="$n" --steps "$STEPS" --warmup "$WARMUP" --json | json_line) || true
+        out=$("$LATTICE_BIN" bench train "${lattice_model[@]}" --set model.seq_len="$T" \
+                --set train.micro_batch_size="$B" --set train.threads="$n" --steps "$STEPS" --warmup "$WARMUP" \
+                --json | json_line) || true
         [[ -n "$out" ]] || echo "   lattice run failed" >&2
         record "$name" "$n" lattice "$out"
       fi
     done
   done
 done
+
+measure_peak end
 
 if [[ -n "$OUT" ]]; then
   "$PYTHON" - "$results" "$OUT" <<'EOF'
@@ -216,16 +252,16 @@ fi
 import json, os, sys
 sys.path.insert(0, "bench")
 import torch_blas
-from rows import pytorch_breakdown, pytorch_unfair_line
+from rows import pytorch_breakdown, pytorch_unfair_line, models_differ_line
 
 path, steps, warmup, repeat, peak_note, peak_env = sys.argv[1:7]
 repeat = int(repeat)
-table, order, setup, peak = {}, [], {}, None
+table, order, setup, peaks = {}, [], {}, []
 for line in open(path):
     row, threads, js = line.rstrip("\n").split("\t", 2)
     d = json.loads(js)
     if row == "_peak":
-        peak = d
+        peaks.append(d)
         continue
     if row == "_setup":
         setup[int(threads)] = d
@@ -236,7 +272,10 @@ for line in open(path):
         order.append(key)
     table[key].setdefault(d.get("impl", "?"), []).append(d)
 
-# The peak per core: lattice's measurement, else the environment's, else none (never a constant).
+# The peak per core: the higher of lattice's two measurements, else the environment's, else none
+# (never a constant).
+peaks = [d for d in peaks if (d.get("fp32_gflops_per_core") or 0) > 0]
+peak = max(peaks, key=lambda d: d["fp32_gflops_per_core"]) if peaks else None
 cpu = torch_blas.cpu_identity()
 cpu_name = (peak or {}).get("cpu") or cpu["model_name"]
 isa = (peak or {}).get("isa") or cpu["isa"] + ("+avx512_bf16" if cpu["bf16"] else "")
@@ -246,6 +285,9 @@ peak_per_core, peak_src = None, None
 if peak and (peak.get("fp32_gflops_per_core") or 0) > 0:
     peak_per_core = peak["fp32_gflops_per_core"] * 1e9
     peak_src = "measured by lattice bench peak" + (f" at {peak['threads']} threads" if peak.get("threads") else "")
+    if len(peaks) > 1:
+        peak_src += (f", the higher of the run's {' and '.join(str(d.get('when', '?')) for d in peaks)} "
+                     f"measurements ({' and '.join(format(d['fp32_gflops_per_core'], '.1f') for d in peaks)})")
     if peak.get("bf16_gflops_per_core"):
         peak_src += f"; bf16 {peak['bf16_gflops_per_core']:.1f}"
 elif peak_env:
@@ -281,7 +323,8 @@ for n, d in sorted(setup.items()):
 print(f"steps={steps} warmup={warmup} repeat={repeat}" + (" (best run of each side; range over runs)" if repeat > 1 else "") +
       "; model FLOPs/token = 6N + 12*L*C*T; pt core / pt thr = the PyTorch run's OpenBLAS core type and the threads "
       "it observed (CPU time / wall time); under each row, where PyTorch's step went (one profiled step); "
-      "! = PyTorch's non-GEMM share above its limit (bench/rows.py): not a fair ratio")
+      "! = PyTorch's non-GEMM share above its limit, or the two sides' FLOPs per token differ (bench/rows.py): "
+      "not a fair ratio")
 hdr = (f"{'config':<20} {'thr':>3} {'lattice tok/s':>13} {'pytorch tok/s':>13} {'ratio':>7} "
        f"{'lattice GFLOP/s':>15} {'% peak':>6} {'pytorch GFLOP/s':>15} {'% peak':>6} {'pt core':>10} {'pt thr':>6}")
 print(hdr)
@@ -297,7 +340,8 @@ for key in order:
     pct = lambda f: 100 * f / peak_n if f and peak_n else None
     core = (pt or {}).get("openblas_coretype") or "n/a"
     unfair = pytorch_unfair_line(pt, ratio)
-    print(f"{row:<20} {n:>3} {fmt(lt, '13.1f')} {fmt(ptt, '13.1f')} {fmt(ratio, '6.2f')}{'!' if unfair else ' '} "
+    differ = models_differ_line(lat, pt)
+    print(f"{row:<20} {n:>3} {fmt(lt, '13.1f')} {fmt(ptt, '13.1f')} {fmt(ratio, '6.2f')}{'!' if unfair or differ else ' '} "
           f"{fmt(lf / 1e9 if lf else None, '15.1f')} {fmt(pct(lf), '6.1f')} "
           f"{fmt(pf / 1e9 if pf else None, '15.1f')} {fmt(pct(pf), '6.1f')} "
           f"{core:>10} {fmt((pt or {}).get('threads_observed'), '6.2f')}")
@@ -309,4 +353,6 @@ for key in order:
         print(f"{'':<20} {'':>3} pytorch step: {breakdown}")
     if unfair:
         print(f"{'':<20} {'':>3} {unfair}")
+    if differ:
+        print(f"{'':<20} {'':>3} {differ}")
 EOF

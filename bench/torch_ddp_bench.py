@@ -37,9 +37,10 @@ a barrier; each timed step's time is the slowest rank's.
 Threads and BLAS: as bench/torch_gpt2_bench.py (bench/torch_blas.py picks
 OpenBLAS and its core type for --threads threads; each child gets
 OPENBLAS_CORETYPE, OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = --threads,
-OMP_WAIT_POLICY=PASSIVE, OPENBLAS_L2_SIZE) and every child refuses to run
-(one message, exit 1) unless torch maps OpenBLAS with the chosen core, torch
-and OpenBLAS both run --threads threads and a 1024x768x3072 GEMM reaches
+OMP_WAIT_POLICY=PASSIVE, OPENBLAS_L2_SIZE, GLIBC_TUNABLES=glibc.malloc.hugetlb=1)
+and every child refuses to run (one message, exit 1) unless torch maps
+OpenBLAS with the chosen core, torch and OpenBLAS both run --threads threads
+and a 1024x768x3072 GEMM reaches
 --min-gemm-gflops-per-thread x --threads GFLOP/s. --ranks x --threads above the
 CPUs this process may use is refused unless --oversubscribe (then the JSON
 says "oversubscribed": true and its speed means little).
@@ -146,7 +147,7 @@ def exit_reason(code):
 def parent_main(args, script=None):
     """Starts --ranks copies of `script` (default: this file) with the same command line, as DDP ranks.
     bench/torch_ddp_hooks.py reuses it for its own children."""
-    from torch_gpt2_bench import l2_bytes  # the same OPENBLAS_L2_SIZE as the single-process reference
+    from torch_gpt2_bench import tuned_env  # the same environment as the single-process reference
 
     cpus = torch_blas.usable_cpus()
     oversubscribed = args.ranks * args.threads > cpus
@@ -164,10 +165,7 @@ def parent_main(args, script=None):
     env[SETUP_VAR] = json.dumps(dict({k: setup[k] for k in ("openblas_coretype", "openblas_coretype_gflops",
                                                             "openblas_coretype_source", "openblas_auto_core",
                                                             "cpu")}, oversubscribed=oversubscribed))
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see torch_gpt2_bench.py: two spinning thread pools
-    l2 = l2_bytes()
-    if l2:
-        env["OPENBLAS_L2_SIZE"] = str(l2)
+    tuned_env(env)  # OMP_WAIT_POLICY=PASSIVE, OPENBLAS_L2_SIZE, GLIBC_TUNABLES: see torch_gpt2_bench.py
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.ranks))
     for k in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID"):  # left over from a launcher, they would confuse the ranks
         env.pop(k, None)
@@ -385,6 +383,7 @@ def child_main(args):
         "openblas_auto_core": setup["openblas_auto_core"],
         "openblas_l2_size_env": os.environ.get("OPENBLAS_L2_SIZE"),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
         **logged,
         **info,
     }

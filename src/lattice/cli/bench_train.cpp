@@ -96,7 +96,9 @@ static int bench_train(const std::vector<std::string>& args) {
   if (trainer.mesh().world_rank() != 0) return 0;
   if (json) {
     std::printf(
-        "{\"impl\":\"lattice\",\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"vocab_size\":%d,\"batch\":%d,"
+        "{\"impl\":\"lattice\",\"family\":\"%s\",\"n_layer\":%d,\"n_head\":%d,\"n_kv_head\":%d,\"n_embd\":%d,"
+        "\"ffn_hidden\":%d,\"vocab_size\":%d,\"tie_embeddings\":%s,\"n_params\":%lld,\"flops_per_token\":%.0f,"
+        "\"batch\":%d,"
         "\"seq\":%d,\"threads\":%d,\"ranks\":%d,\"zero_stage\":%d,\"offload\":\"%s\",\"steps\":%lld,"
         "\"tokens_per_sec\":%.3f,\"step_ms\":%.3f,\"step_ms_median\":%.3f,\"model_flops_per_sec\":%.6e,"
         "\"mfu\":%.4f,\"peak_gflops_per_core\":%.3f,\"peak_dtype\":\"%s\",\"comm_ms\":%.3f,\"comm_hidden\":%.4f,"
@@ -105,7 +107,9 @@ static int bench_train(const std::vector<std::string>& args) {
         "\"sequence_parallel\":%s,\"tp_comm_ms\":%.3f,\"tp_comm_bytes_per_step\":%.0f,"
         "\"stored_activation_bytes\":%zu,\"pp\":%d,\"schedule\":%s,\"micro_batches\":%d,\"pp_bubble\":%.4f,"
         "\"pp_bubble_simulated\":%.4f,\"compute\":\"%s\",\"loss_last\":%.6f,\"cpu\":%s,\"isa\":\"%s\"}\n",
-        mc.n_layer, mc.n_head, mc.n_embd, mc.vocab_size, cfg.train.micro_batch_size, cfg.model.seq_len,
+        model::name_of(mc.family), mc.n_layer, mc.n_head, mc.kv_heads(), mc.n_embd, mc.ffn(), mc.vocab_size,
+        mc.tie_embeddings ? "true" : "false", static_cast<long long>(mc.num_params() - mc.lookup_params()),
+        mc.flops_per_token(cfg.model.seq_len), cfg.train.micro_batch_size, cfg.model.seq_len,
         num_threads(), ranks, cfg.parallel.zero_stage, cfg.zero.offload.c_str(), steps, tok_s, 1e3 * seconds / steps,
         ms[ms.size() / 2], flops, mfu, peak_per_core,
         peak.gemm_dtype(trainer.compute_dtype()) == DType::BF16 ? "bf16" : "fp32", comm_ms / steps, hidden / steps,
