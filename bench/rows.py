@@ -49,14 +49,15 @@ class Rows:
 # (healthy non-GEMM share, LIMIT). Configs without an entry print their breakdown only;
 # add one when a quiet run has measured the healthy share there.
 #
-# Llama ~125M (configs/llama-125m.toml), B=4, T=256, Zen 5 VM, 2026-12-02: with
-# GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (torch_gpt2_bench.py's default since then) PyTorch spent
-# 35% (one thread, 126.7 tok/s) and 36% (two, 244.0 tok/s) of its step outside the GEMMs; without
-# it, 58% and 53% (76.9 and 132.5 tok/s, 403K and 434K page faults per step).
+# Llama ~125M (configs/llama-125m.toml), B=4, T=256, Zen 5 VM, 2026-12-02, no other load: with
+# GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (the default since then, torch_blas.blas_env) PyTorch spent
+# 33-38% (one thread, 127-160 tok/s, 4 runs) and 36-45% (two, 213-244 tok/s, 4 runs) of its step
+# outside the GEMMs; without it, 58% and 53% (76.9 and 132.5 tok/s, 403K and 434K page faults per
+# step). (GPT-2's one-thread share was 33-38% in the same runs.)
 PYTORCH_NON_GEMM_LIMITS = {
     ("gpt2", 12, 768, 256, 4, 1, "f32"): (0.30, 0.50),
     ("llama", 12, 768, 256, 4, 1, "f32"): (0.35, 0.50),
-    ("llama", 12, 768, 256, 4, 2, "f32"): (0.36, 0.50),
+    ("llama", 12, 768, 256, 4, 2, "f32"): (0.40, 0.50),
 }
 
 

@@ -26,7 +26,8 @@ nothing about lattice. So:
      SkylakeX, and Cooperlake with avx512_bf16; avx2 gives Haswell and Zen
      (an AVX-512 CPU has AVX2 too, so it gets all four). Each candidate, and
      the library's own pick ("auto"), is timed in a child process (the
-     variable must be set before torch loads OpenBLAS) on the GEMMs of a GPT-2
+     variable must be set before torch loads OpenBLAS; with glibc's huge pages,
+     as the benchmarks run: blas_env) on the GEMMs of a GPT-2
      block, 1024x768 . 768x3072 and 1024x3072 . 3072x768, at the thread count
      of the run, best of a few repetitions and of --rounds interleaved rounds
      (other tenants of a shared machine only slow a run down). The fastest
@@ -58,7 +59,7 @@ import time
 
 # GPT-2 block GEMMs (M x K . K x N): the MLP's up projection and its down projection at 1024 tokens.
 GEMM_SHAPES = ((1024, 768, 3072), (1024, 3072, 768))
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: probes run with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (blas_env)
 TIE = 0.95  # candidates within 5% of the fastest are equally fast (run-to-run noise on a shared VM is about that)
 
 
@@ -351,8 +352,14 @@ def probe_main(threads, reps):
 # Probing and choosing a core type
 
 def blas_env(coretype, threads):
-    """Environment for a process that will load OpenBLAS: core type (None = its own pick) and threads."""
+    """Environment for a process that will load OpenBLAS: core type (None = its own pick) and threads,
+    and glibc's huge pages for large allocations unless the environment sets GLIBC_TUNABLES: without
+    them every large tensor is fresh 4 KiB pages, and a page fault's cost is up to the VM's host (on
+    the Zen 5 VM of 2026-12-02 the 1024x768x3072 probe read 78 GFLOP/s on most core types and 188 on
+    others, from one run to the next; with huge pages 183-194 on all of those that share the kernel).
+    The benchmarks run with the same (bench/torch_gpt2_bench.py's docstring)."""
     env = dict(os.environ)
+    env.setdefault("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
     env.pop("OPENBLAS_CORETYPE", None)
     if coretype:
         env["OPENBLAS_CORETYPE"] = coretype

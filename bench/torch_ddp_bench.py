@@ -165,7 +165,7 @@ def parent_main(args, script=None):
     env[SETUP_VAR] = json.dumps(dict({k: setup[k] for k in ("openblas_coretype", "openblas_coretype_gflops",
                                                             "openblas_coretype_source", "openblas_auto_core",
                                                             "cpu")}, oversubscribed=oversubscribed))
-    tuned_env(env)  # OMP_WAIT_POLICY=PASSIVE, OPENBLAS_L2_SIZE, GLIBC_TUNABLES: see torch_gpt2_bench.py
+    tuned_env(env)  # OMP_WAIT_POLICY=PASSIVE, OPENBLAS_L2_SIZE: see torch_gpt2_bench.py
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.ranks))
     for k in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID"):  # left over from a launcher, they would confuse the ranks
         env.pop(k, None)

@@ -81,9 +81,10 @@ PyTorch row and flags a run whose non-GEMM share is far above a healthy one's.
 threshold (32 MiB at most) fresh pages each step, so a step at V = 50257
 touches the logits and their gradients (206 MB each at B*T = 1024) for the
 first time every step, and what a page fault costs is up to the VM's host.
-So the re-executed process runs with GLIBC_TUNABLES=glibc.malloc.hugetlb=1
-(unless the environment sets GLIBC_TUNABLES; glibc >= 2.35, older ones ignore
-it): glibc then puts those mappings on transparent huge pages (the kernel's
+So the re-executed process (and every calibration probe of bench/torch_blas.py:
+torch_blas.blas_env) runs with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (unless
+the environment sets GLIBC_TUNABLES; glibc >= 2.35, older ones ignore it):
+glibc then puts those mappings on transparent huge pages (the kernel's
 THP mode "madvise" is enough) and takes one fault per 2 MiB instead of per 4
 KiB. On the 2-vCPU Zen 5 VM of 2026-12-02 (GPT-2 124M, B=4, T=256, one
 thread) that took PyTorch from 79 to 130 tokens/s: 478K page faults per step
@@ -194,11 +195,10 @@ def reexec_with_blas_env(args):
 
 
 def tuned_env(env):
-    """The environment the docstring gives a PyTorch process besides OpenBLAS's core type and threads
-    (torch_blas.blas_env): passive OpenMP waiting, this CPU's L2 size, glibc's huge pages for large
-    allocations. A value the caller's environment already sets is kept (but OPENBLAS_L2_SIZE)."""
+    """The environment the docstring gives a PyTorch process besides torch_blas.blas_env's (OpenBLAS's
+    core type and threads, glibc's huge pages): passive OpenMP waiting and this CPU's L2 size. A
+    value the caller's environment already sets is kept (but OPENBLAS_L2_SIZE)."""
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # two spinning thread pools
-    env.setdefault("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")  # fresh pages for every large tensor
     l2 = l2_bytes()
     if l2:
         env["OPENBLAS_L2_SIZE"] = str(l2)

@@ -72,8 +72,12 @@ struct LinearShape {
   int IC, OC;
 };
 constexpr int kTokens = 1024;
-const LinearShape kShapes[] = {{"qkv", 768, 2304}, {"attn_proj", 768, 768}, {"fc", 768, 3072},
-                               {"fc_proj", 3072, 768}, {"lm_head", 768, 50304}};
+// GPT-2 124M's, then the ones configs/llama-125m.toml adds (no biases): Q, K, V with 4 of 12
+// heads for keys and values (768 + 2·256 columns), the SwiGLU gate and up projections in one
+// (2·2304), the down projection (2304 → 768). Its attention output is attn_proj's shape.
+const LinearShape kShapes[] = {{"qkv", 768, 2304},         {"attn_proj", 768, 768},       {"fc", 768, 3072},
+                               {"fc_proj", 3072, 768},     {"lm_head", 768, 50304},       {"llama_qkv", 768, 1280},
+                               {"llama_gate_up", 768, 4608}, {"llama_down", 2304, 768}};
 
 enum class Pass { Forward, BackwardInput, BackwardWeight };
 const char* pass_name(Pass p) {
@@ -434,7 +438,8 @@ void add(const std::string& name, int threads, Args&&... args) {
 void register_others() {
   for (int threads : {1, 2}) {
     for (const auto& shape : kShapes) {
-      if (std::string(shape.name) == "lm_head") continue;  // no bias in GPT-2's head
+      // No bias in GPT-2's head nor anywhere in the Llama.
+      if (std::string(shape.name) == "lm_head" || std::string(shape.name).rfind("llama_", 0) == 0) continue;
       add(std::string("linear_fwd_bias/") + shape.name + "/prefill_sgemm", threads, BM_linear_bias, shape, false);
       add(std::string("linear_fwd_bias/") + shape.name + "/matmul_fused", threads, BM_linear_bias, shape, true);
     }
