@@ -210,6 +210,51 @@ const Row kRows[] = {
     {"llama eval dp2 x tp2 x pp2 SP ZeRO-3", 8,
      "parallel.dp=2 parallel.tp=2 parallel.pp=2 parallel.sequence_parallel=true parallel.zero_stage=3", Check::Eval,
      "llama"},
+
+    // ---- context parallelism: ring and all-to-all, alone and with every dimension ----
+    {"cp2 ring", 2, "parallel.cp=2", Check::Same},
+    {"cp2 all_to_all", 2, "parallel.cp=2 parallel.cp_mode=all_to_all", Check::Same},
+    {"cp4 ring", 4, "parallel.cp=4", Check::Same},
+    {"cp4 all_to_all", 4, "parallel.cp=4 parallel.cp_mode=all_to_all", Check::Same},
+    {"llama cp2 ring", 2, "parallel.cp=2", Check::Same, "llama"},
+    {"llama cp2 all_to_all", 2, "parallel.cp=2 parallel.cp_mode=all_to_all", Check::Same, "llama"},
+    {"llama cp4 ring", 4, "parallel.cp=4", Check::Same, "llama"},
+    {"llama cp4 all_to_all kv4", 4, "parallel.cp=4 parallel.cp_mode=all_to_all model.n_kv_head=4", Check::Same,
+     "llama"},
+    {"llama cp4 ring one kv head", 4, "parallel.cp=4 model.n_kv_head=1", Check::Same, "llama"},
+    // with data parallelism (ZeRO shards over dp x cp; learned positions in the sharded embedding)
+    {"dp2 x cp2 ring ZeRO-1", 4, "parallel.dp=2 parallel.cp=2 parallel.zero_stage=1", Check::Same},
+    {"dp2 x cp2 all_to_all ZeRO-3", 4, "parallel.dp=2 parallel.cp=2 parallel.cp_mode=all_to_all parallel.zero_stage=3",
+     Check::Same},
+    {"cp2 ring ZeRO-2", 2, "parallel.cp=2 parallel.zero_stage=2", Check::Same},
+    {"llama dp2 x cp2 ring ZeRO-3", 4, "parallel.dp=2 parallel.cp=2 parallel.zero_stage=3", Check::Same, "llama"},
+    // with tensor and sequence parallelism
+    {"cp2 x tp2 SP ring", 4, "parallel.cp=2 parallel.tp=2 parallel.sequence_parallel=true", Check::Same},
+    {"cp2 x tp2 all_to_all", 4, "parallel.cp=2 parallel.tp=2 parallel.cp_mode=all_to_all", Check::Same},
+    {"llama cp2 x tp2 SP ring", 4, "parallel.cp=2 parallel.tp=2 parallel.sequence_parallel=true", Check::Same,
+     "llama"},
+    // with pipelines (the split backward too)
+    {"cp2 x pp2 1f1b ring", 4, "parallel.cp=2 parallel.pp=2", Check::Same},
+    {"cp2 x pp2 zb-v all_to_all", 4,
+     "parallel.cp=2 parallel.pp=2 parallel.schedule=zb-v parallel.virtual_stages=2 parallel.cp_mode=all_to_all",
+     Check::Same},
+    {"llama cp2 x pp2 zb-h1 ring", 4, "parallel.cp=2 parallel.pp=2 parallel.schedule=zb-h1", Check::Same, "llama"},
+    // 4D
+    {"dp2 x cp2 x tp2 SP ring ZeRO-3", 8,
+     "parallel.dp=2 parallel.cp=2 parallel.tp=2 parallel.sequence_parallel=true parallel.zero_stage=3", Check::Same},
+    {"cp2 x tp2 x pp2 ring ZeRO-1", 8, "parallel.cp=2 parallel.tp=2 parallel.pp=2 parallel.zero_stage=1", Check::Same},
+    {"llama dp2 x cp2 x pp2 all_to_all ZeRO-2", 8,
+     "parallel.dp=2 parallel.cp=2 parallel.pp=2 parallel.cp_mode=all_to_all parallel.zero_stage=2", Check::Same,
+     "llama"},
+    // 16-bit: bf16 through a cp = 4 ring (dK/dV accumulate in f32 around it)
+    {"bf16 cp4 ring", 4, "precision.compute=bf16 parallel.cp=4", Check::Close16},
+    {"llama bf16 cp4 ring", 4, "precision.compute=bf16 parallel.cp=4", Check::Close16, "llama"},
+    {"f16 cp2 all_to_all", 2, "precision.compute=f16 parallel.cp=2 parallel.cp_mode=all_to_all", Check::Close16},
+    // a codec over dp x cp, evaluation, init_from
+    {"dp2 x cp2 ring int8", 4, "parallel.dp=2 parallel.cp=2 compression.grad=int8", Check::Learns},
+    {"eval dp2 x cp2 ring", 4, "parallel.dp=2 parallel.cp=2", Check::Eval},
+    {"llama eval cp2 all_to_all", 2, "parallel.cp=2 parallel.cp_mode=all_to_all", Check::Eval, "llama"},
+    {"init_from cp2 x tp2 ring", 4, "parallel.cp=2 parallel.tp=2", Check::Init},
 };
 
 // The base recipe of a family.

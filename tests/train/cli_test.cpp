@@ -201,9 +201,9 @@ TEST(Cli, MultiRankRefusalsReachEveryRank) {
   EXPECT_TRUE(r.output.find("rank 0: " + msg) != std::string::npos ||
               r.output.find("rank 1: " + msg) != std::string::npos)
       << r.output;
-  r = mpirun("train " + kTiny + "--set parallel.cp=2");
+  r = mpirun("train " + kTiny + "--set parallel.ep=2");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.output.find("parallel.cp=2: context parallelism is not implemented yet; set parallel.cp=1"),
+  EXPECT_NE(r.output.find("parallel.ep=2: expert parallelism is not implemented yet; set parallel.ep=1"),
             std::string::npos)
       << r.output;
 }

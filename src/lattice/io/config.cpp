@@ -150,7 +150,12 @@ const std::vector<Key>& keys() {
         key<&R::parallel, &ParallelSection::pp>("parallel", "pp", at_least(1),
                                                 "pipeline-parallel degree: stages of consecutive layers"),
         key<&R::parallel, &ParallelSection::cp>("parallel", "cp", at_least(1),
-                                                "context-parallel degree: attention over sequence chunks (ring)"),
+                                                "context-parallel degree: each sequence cut over cp ranks (the "
+                                                "attention talks: parallel.cp_mode)"),
+        key<&R::parallel, &ParallelSection::cp_mode>(
+            "parallel", "cp_mode", one_of({"ring", "all_to_all"}),
+            "how context parallelism attends: key/value blocks around a ring, or all-to-all from sequence- to "
+            "head-sharded (needs the heads divisible by cp)"),
         key<&R::parallel, &ParallelSection::ep>("parallel", "ep", at_least(1),
                                                 "expert-parallel degree: MoE experts spread over ranks"),
         key<&R::parallel, &ParallelSection::zero_stage>(
@@ -707,7 +712,6 @@ void apply_toml(RunConfig& cfg, const toml::table& root, const std::string& sour
 // starting with '=' is the whole reason (a key that is not a feature).
 const std::vector<std::pair<const char*, const char*>>& pending_keys() {
   static const std::vector<std::pair<const char*, const char*>> pending = {
-      {"parallel.cp", "context parallelism"},
       {"parallel.ep", "expert parallelism"},
       {"parallel.microbatches",
        "=the micro-batches of a step (the pipeline's too) are train.grad_accum_steps, one knob rather than two: "
@@ -774,6 +778,15 @@ const std::vector<ConditionalRow>& conditional_rows() {
                 position_of(c.model) + "\"" +
                 (c.model.position.empty() ? " (model.family = \"" + c.model.family + "\"'s default)" : "") +
                 ": set model.position=\"rope\", or leave model.rope_theta unset";
+       }},
+      {{"parallel.cp_mode"},
+       "parallel.cp > 1",
+       [](const RunConfig& c) { return c.parallel.cp > 1; },
+       nullptr,
+       nullptr,
+       [](const Setting& s, const RunConfig&) {
+         return s.key + "=" + s.value + " applies to context parallelism: set parallel.cp > 1, or leave it at " +
+                s.fallback;
        }},
       {{"parallel.sequence_parallel"},
        "parallel.tp > 1",
@@ -953,10 +966,16 @@ void check_cross_keys(const RunConfig& cfg) {
                 "precision.loss_scale_min=" << format_double(pr.loss_scale_min)
                                             << " must be <= precision.loss_scale_init="
                                             << format_double(pr.loss_scale_init));
+  const int cp = cfg.parallel.cp;
+  // Context parallelism cuts each sequence into 2·cp chunks (layers/context).
+  LATTICE_CHECK(m.seq_len % (2 * cp) == 0, "parallel.cp=" << cp << " cuts each sequence into 2*cp=" << 2 * cp
+                                                           << " chunks, but model.seq_len=" << m.seq_len
+                                                           << " is not divisible by " << 2 * cp);
   if (cfg.parallel.sequence_parallel)
-    LATTICE_CHECK(m.seq_len % tp == 0, "parallel.sequence_parallel=true needs model.seq_len=" << m.seq_len
-                                                                                             << " divisible by parallel.tp="
-                                                                                             << tp);
+    LATTICE_CHECK((m.seq_len / cp) % tp == 0,
+                  "parallel.sequence_parallel=true needs model.seq_len=" << m.seq_len
+                      << (cp > 1 ? " / parallel.cp=" + std::to_string(cp) : std::string())
+                      << " divisible by parallel.tp=" << tp);
 }
 
 }  // namespace

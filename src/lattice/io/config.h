@@ -87,6 +87,7 @@ struct ParallelSection {
   int tp = 1;
   int pp = 1;
   int cp = 1;
+  std::string cp_mode = "ring";  // ring | all_to_all (layers/context/context_parallel.h)
   int ep = 1;
   int zero_stage = 0;  // 0..3
   bool sequence_parallel = false;

@@ -20,6 +20,7 @@ static void for_each_array(const CarveSizes& z, Fn fn) {
   fn([](auto& a) -> auto& { return a.ln2; }, RC);
   fn([](auto& a) -> auto& { return a.fch; }, z.N * z.FU);
   fn([](auto& a) -> auto& { return a.hid; }, z.N * z.F);
+  fn([](auto& a) -> auto& { return a.heads_out; }, z.N * z.HO);
 }
 
 // A layer's statistics (f32 whatever the storage).

@@ -29,6 +29,7 @@ struct CarveSizes {
   int64_t F;    // the MLP's hidden width here
   int64_t V;    // vocabulary rows of the head here
   int64_t L, N, R;
+  int64_t HO;   // context parallelism, all-to-all: the head-sharded output's width per row here (A), else 0
   bool sp, head;
   DType store = DType::F32;  // of the activations kept (statistics stay f32)
   bool keep_logits = true;   // 16-bit storage: dlogits kept (else recomputed in the backward)
@@ -45,11 +46,12 @@ struct LayerArrays {
   T* ln2;   // norm₂(r_l) [R, C]
   T* fch;   // the MLP's first projection [N, FU] (GELU: its input; SwiGLU: gate | up)
   T* hid;   // the MLP's hidden activation [N, F] (GELU(fch) or SiLU(gate)·up)
+  T* heads_out;  // context parallelism, all-to-all: the head-sharded attention output [N, HO] (else empty)
 };
 // ... and their statistics, always f32.
 struct LayerActs : LayerArrays<float> {
   float *ln1_mean, *ln1_rstd;  // of norm₁ (mean: LayerNorm only)
-  float* lse;                  // [B, NH, T] log-sum-exp of the scores
+  float* lse;                  // [B, NH, T] log-sum-exp of the scores (all-to-all CP: head-sharded, the same count)
   float *ln2_mean, *ln2_rstd;  // of norm₂
 };
 

@@ -213,7 +213,7 @@ parts::Attention GPT::attention(ParamGroup& g) {
   const Layout& y = layout_;
   const parts::AttentionShape shape{dims_.C, dims_.NH, dims_.NKV, dims_.hs, dims_.kv_replicas};
   return parts::Attention(tp_, shape, config_.position == PositionKind::Rope ? &rope_ : nullptr,
-                          {&g, y.qkv_w, y.qkv_n, y.qkv_b}, {&g, y.out_w, 1, y.out_b}, &kv_scratch_);
+                          {&g, y.qkv_w, y.qkv_n, y.qkv_b}, {&g, y.out_w, 1, y.out_b}, &kv_scratch_, cp_);
 }
 
 parts::Mlp GPT::mlp(ParamGroup& g) {

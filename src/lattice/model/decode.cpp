@@ -25,6 +25,8 @@ void GPT::check_one_process(const char* what) const {
   LATTICE_CHECK(!tp_, what << " runs on one process (tensor parallelism splits the vocabulary and the heads "
                               "over parallel.tp="
                            << tp_size() << " ranks); `lattice generate` loads a checkpoint of any layout whole");
+  LATTICE_CHECK(!cp_, what << " runs on one process (context parallelism splits each sequence over parallel.cp "
+                              "ranks); `lattice generate` loads a checkpoint of any layout whole");
 }
 
 void GPT::check_f32(const char* what) const {
@@ -57,6 +59,7 @@ static int64_t carve_decode(DecodeState* d, void* base, const ModelConfig& c, co
   a.qkv = cv.take(rows * z.QKV);
   a.atty = cv.take(rows * z.A);
   a.lse = nullptr;  // not needed without a backward
+  a.heads_out = nullptr;
   a.res1 = cv.take(rows * C);
   a.fch = cv.take(rows * z.FU);
   a.hid = cv.take(rows * z.F);
@@ -109,7 +112,9 @@ const float* GPT::decode(const int32_t* tokens, int n) {
                               << config_.vocab_size << ")");
   params_in(embedding_index(), Pass::Forward);
   // x = embed[tokens] (+ wpe[pos .. pos + n))
-  tied().lookup(d.x, tokens, 1, n, pos, true);
+  std::vector<int32_t> positions(static_cast<size_t>(n));
+  for (int i = 0; i < n; i++) positions[i] = pos + i;
+  tied().lookup(d.x, tokens, 1, n, positions.data());
   if (!tied_head()) params_out(embedding_index(), Pass::Forward);
   const LayerActs& a = d.block;
   const int64_t Q = dims_.A, QKV = dims_.QKV;

@@ -7,6 +7,7 @@
 
 #include "lattice/core/error.h"
 #include "lattice/kernels/ops.h"
+#include "lattice/layers/context/context_parallel.h"
 #include "lattice/layers/tensor/tensor_parallel.h"
 #include "lattice/layers/tensor/vocab_parallel.h"
 #include "lattice/model/activations.h"
@@ -46,8 +47,30 @@ int64_t GPT::first_row(int64_t N) const { return tp_ ? tp_->first_row(N) : 0; }
 GPT::~GPT() = default;
 
 CarveSizes GPT::sizes_for(int64_t N) const {
-  return {dims_.C, dims_.NH, dims_.A, dims_.QKV, dims_.FU, dims_.F, dims_.V, local_layers(), N, rows(N),
+  const int64_t heads_out = cp_ && cp_->stores_heads_out() ? dims_.A : 0;
+  return {dims_.C, dims_.NH, dims_.A, dims_.QKV, dims_.FU, dims_.F, dims_.V, local_layers(), N, rows(N), heads_out,
           tp_ && tp_->sequence_parallel(), last_stage(), compute_, !local_head()};
+}
+
+void GPT::set_context_parallel(context::ContextParallel* cp) {
+  for (const auto& s : slots_)
+    LATTICE_CHECK(!s || !s->has_forward, "set_context_parallel with a micro-batch in flight");
+  if (cp) cp->check_heads({dims_.NH, dims_.NKV, dims_.hs});
+  cp_ = cp;
+  positions_.clear();
+  slots_.clear(), eval_slot_.reset(), work16_.reset();  // carved again (all-to-all stores more)
+}
+
+const int32_t* GPT::positions_for(int T) {
+  if (positions_.size() != static_cast<size_t>(T)) {
+    positions_.resize(static_cast<size_t>(T));
+    if (cp_) {
+      cp_->positions(positions_.data(), T);
+    } else {
+      for (int t = 0; t < T; t++) positions_[t] = t;
+    }
+  }
+  return positions_.data();
 }
 
 
@@ -111,6 +134,7 @@ Slot& GPT::slot(int index, int B, int T) {
   Slot& s = **holder;
   const int64_t N = static_cast<int64_t>(B) * T;
   if (tp_) tp_->check_rows(N);
+  if (cp_) cp_->check_local_length(T);
   const CarveSizes z = sizes_for(N);
   if (N > s.capacity_tokens) {
     // First use (or a larger batch): allocate once, reused by every later step.
@@ -245,7 +269,7 @@ void GPT::forward_body(Slot& s, const int32_t* inputs, const float* input) {
     // the tokens it holds (zero rows for the rest), rank 0 adds wpe, and the
     // sum over the group (reduce-scattered into this rank's rows under SP) is the lookup.
     float* x0 = sp ? s.work : x_buf(s, 0);
-    tied().lookup(x0, s.rows, B, T, 0, tp_rank() == 0);
+    tied().lookup(x0, s.rows, B, T, tp_rank() == 0 ? positions_for(T) : nullptr);
     if (tp_) tp_->reduce(x0, x_buf(s, 0), N, C, "embedding");
     if (!last_stage() || !tied_head()) params_out(embedding_index(), Pass::Forward);
   } else {
@@ -259,7 +283,7 @@ void GPT::forward_body(Slot& s, const int32_t* inputs, const float* input) {
     const LayerActs& a = s.store == DType::F32 ? s.layers[i] : work_layer(s, i);
     params_in(block_index(l), Pass::Forward);
     block_forward(block_group(l), a, x_buf(s, i), x_buf(s, i + 1), B, T, 0, s.work, compute_,
-                  [&] { attention(block_group(l)).attend(a.atty, a.lse, a.qkv, B, T, DType::F32); });
+                  [&] { attention(block_group(l)).attend(a.atty, a.lse, a.qkv, a.heads_out, B, T, DType::F32); });
     params_out(block_index(l), Pass::Forward);
     if (s.store != DType::F32) store_layer(s.store, a, s.packed[i], z);
     keep_x(s, i + 1);
@@ -421,7 +445,7 @@ void GPT::layer_backward_input(Slot& s, int l) {
   std::memcpy(dres1, dout + first, R * C * sizeof(float));
   norm_.backward_input(dres1, d.dln2, a.res1, g.compute_param(layout_.norm2), a.ln2_mean, a.ln2_rstd, R);
   // Attention: r = x + Attn(Norm₁(x))
-  attention(g).backward_input(d.dln1, d.dqkv, s.scratch_c, dres1, d.dres1, a.qkv, a.atty, a.lse, B, T);
+  attention(g).backward_input(d.dln1, d.dqkv, s.scratch_c, dres1, d.dres1, a.qkv, a.atty, a.lse, a.heads_out, B, T);
   // dx = dr (residual path) + Norm₁ backward
   std::memcpy(dx + first, dres1, R * C * sizeof(float));
   norm_.backward_input(dx + first, d.dln1, x_of(s, l), g.compute_param(layout_.norm1), a.ln1_mean, a.ln1_rstd, R);
@@ -452,7 +476,7 @@ void GPT::embedding_backward_weight(Slot& s) {
   const int64_t N = static_cast<int64_t>(s.B) * s.T;
   float* dx0 = dx_of(s, 0);
   if (tp_) tp_->gather(dx0 + first_row(N) * config_.n_embd, dx0, N, config_.n_embd, "embedding gradient");
-  tied().lookup_backward(dx0, s.rows, s.B, s.T);
+  tied().lookup_backward(dx0, s.rows, s.B, s.T, positions_for(s.T));
 }
 
 // The carve sizes of slot s's micro-batch (or of its capacity).

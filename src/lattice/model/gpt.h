@@ -58,6 +58,9 @@
 namespace lattice::tensor {
 class TensorParallel;
 }
+namespace lattice::context {
+class ContextParallel;
+}
 
 namespace lattice::model {
 
@@ -224,6 +227,15 @@ class GPT {
   // context is not an extension of the cached tokens, the window is recomputed.
   const float* next_logits(const int32_t* context, int64_t n);
 
+  // Context parallelism (layers/context): every micro-batch's B·T rows are
+  // then this rank's chunks of B sequences of T·cp tokens, at their global
+  // positions, and the attention runs over the whole sequences with the
+  // other ranks of `cp` (not owned; null: none). Set before the first
+  // forward. The loss is this rank's tokens' mean: the data-parallel engine
+  // averages over dp×cp.
+  void set_context_parallel(context::ContextParallel* cp);
+  context::ContextParallel* context_parallel() const { return cp_; }
+
   // Installs (or, with nullptr, removes) the hooks; not owned.
   void set_hooks(GroupHooks* hooks) { hooks_ = hooks; }
   // Replaces (nullptr: restores) the model's own embedding operations; not owned.
@@ -358,6 +370,9 @@ class GPT {
 
   ModelConfig config_;
   tensor::TensorParallel* tp_ = nullptr;
+  context::ContextParallel* cp_ = nullptr;
+  std::vector<int32_t> positions_;  // of the rows of a T-row sequence here (positions_for)
+  const int32_t* positions_for(int T);
   int first_layer_ = 0, last_layer_ = 0;
   Dims dims_;
   Layout layout_;

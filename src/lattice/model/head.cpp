@@ -33,12 +33,47 @@ void LocalHead::head_backward_weight(const float* dlogits, const float* lnf, int
   k::linear_backward_weight(dw, nullptr, dlogits, lnf, N, C_, vocab_rows(), acc);
 }
 
-void LocalEmbedding::lookup(float* x, const int32_t* rows, int B, int T, int first_position, bool positions) {
-  const float* wpe = positions && wpe_ ? e_.compute_param(1) + static_cast<int64_t>(first_position) * C_ : nullptr;
-  k::embedding_forward(x, rows, e_.compute_param(0), wpe, B, T, C_);
+void for_each_position_run(const int32_t* positions, int T, const std::function<void(int, int, int)>& fn) {
+  for (int t = 0; t < T;) {
+    int end = t + 1;
+    while (end < T && positions[end] == positions[end - 1] + 1) end++;
+    fn(t, positions[t], end - t);
+    t = end;
+  }
 }
 
-void LocalEmbedding::lookup_backward(const float* dx, const int32_t* rows, int B, int T) {
+void embedding_forward_at(float* x, const int32_t* rows, const float* wte, const float* wpe, const int32_t* positions,
+                          int B, int T, int C) {
+  if (!wpe || positions[T - 1] - positions[0] == T - 1) {  // one run (always, without context parallelism)
+    k::embedding_forward(x, rows, wte, wpe ? wpe + static_cast<int64_t>(positions[0]) * C : nullptr, B, T, C);
+    return;
+  }
+  for (int b = 0; b < B; b++)
+    for_each_position_run(positions, T, [&](int t, int position, int n) {
+      const int64_t row = static_cast<int64_t>(b) * T + t;
+      k::embedding_forward(x + row * C, rows + row, wte, wpe + static_cast<int64_t>(position) * C, 1, n, C);
+    });
+}
+
+void embedding_backward_at(float* dwte, float* dwpe, const float* dx, const int32_t* rows, const int32_t* positions,
+                           int B, int T, int C) {
+  if (!dwpe || positions[T - 1] - positions[0] == T - 1) {
+    k::embedding_backward(dwte, dwpe ? dwpe + static_cast<int64_t>(positions[0]) * C : nullptr, dx, rows, B, T, C);
+    return;
+  }
+  for (int b = 0; b < B; b++)
+    for_each_position_run(positions, T, [&](int t, int position, int n) {
+      const int64_t row = static_cast<int64_t>(b) * T + t;
+      k::embedding_backward(dwte, dwpe + static_cast<int64_t>(position) * C, dx + row * C, rows + row, 1, n, C);
+    });
+}
+
+void LocalEmbedding::lookup(float* x, const int32_t* rows, int B, int T, const int32_t* positions) {
+  embedding_forward_at(x, rows, e_.compute_param(0), positions && wpe_ ? e_.compute_param(1) : nullptr, positions, B,
+                       T, C_);
+}
+
+void LocalEmbedding::lookup_backward(const float* dx, const int32_t* rows, int B, int T, const int32_t* positions) {
   // A scatter-add cannot overwrite: a gradient nobody has written since
   // zero_grad() is cleared first. A tied wte normally already holds the
   // head's share (head_backward_weight runs first); wpe is cleared here on
@@ -49,7 +84,7 @@ void LocalEmbedding::lookup_backward(const float* dx, const int32_t* rows, int B
     d[p] = e_.write_grad(p, &acc);
     if (!acc) std::memset(d[p], 0, sizeof(float) * e_.params()[p].numel());
   }
-  k::embedding_backward(d[0], d[1], dx, rows, B, T, C_);
+  embedding_backward_at(d[0], d[1], dx, rows, positions, B, T, C_);
 }
 
 HeadOps& GPT::head() {

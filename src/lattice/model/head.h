@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "lattice/model/param_group.h"
 
@@ -39,16 +40,29 @@ class HeadOps {
 // process), a negative row meaning a token another rank holds.
 class TiedEmbedding : public HeadOps {
  public:
-  // x[b,t,:] = wte[rows[b,t]] (0 for a negative row) + wpe[first_position + t]
-  // (only with `positions`, and only when there is a wpe)            x: [B·T, C]
-  virtual void lookup(float* x, const int32_t* rows, int B, int T, int first_position, bool positions) = 0;
-  // d wte[rows[b,t]] += dx[b,t,:] (negative rows skipped) ;  d wpe[t] (+)= Σ_b dx[b,t,:]
-  virtual void lookup_backward(const float* dx, const int32_t* rows, int B, int T) = 0;
+  // x[b,t,:] = wte[rows[b,t]] (0 for a negative row) + wpe[positions[t]]
+  // (only with `positions` [T], and only when there is a wpe)          x: [B·T, C]
+  // positions[t] is the place of row t in the whole sequence: t, or under
+  // context parallelism this rank's chunks' places (layers/context).
+  virtual void lookup(float* x, const int32_t* rows, int B, int T, const int32_t* positions) = 0;
+  // d wte[rows[b,t]] += dx[b,t,:] (negative rows skipped) ;  d wpe[positions[t]] (+)= Σ_b dx[b,t,:]
+  virtual void lookup_backward(const float* dx, const int32_t* rows, int B, int T, const int32_t* positions) = 0;
 };
 
 // A head over parameter `index` of a group, whole on this rank (its slice
 // under tensor parallelism): the untied lm_head, and the tied head of the
 // model's own embedding.
+// Calls fn(first_row, first_position, rows) for each run of consecutive
+// positions in positions[0, T) (one run: 0..T-1 without context parallelism).
+void for_each_position_run(const int32_t* positions, int T, const std::function<void(int, int, int)>& fn);
+
+// kernels::embedding_forward / embedding_backward with the wpe rows of
+// positions[t] (positions may be null when wpe is).
+void embedding_forward_at(float* x, const int32_t* rows, const float* wte, const float* wpe, const int32_t* positions,
+                          int B, int T, int C);
+void embedding_backward_at(float* dwte, float* dwpe, const float* dx, const int32_t* rows, const int32_t* positions,
+                           int B, int T, int C);
+
 class LocalHead final : public HeadOps {
  public:
   LocalHead(ParamGroup& group, size_t index, int C) : g_(group), i_(index), C_(C) {}
@@ -68,8 +82,8 @@ class LocalHead final : public HeadOps {
 class LocalEmbedding final : public TiedEmbedding {
  public:
   LocalEmbedding(ParamGroup& group, int C, bool positions) : e_(group), head_(group, 0, C), C_(C), wpe_(positions) {}
-  void lookup(float* x, const int32_t* rows, int B, int T, int first_position, bool positions) override;
-  void lookup_backward(const float* dx, const int32_t* rows, int B, int T) override;
+  void lookup(float* x, const int32_t* rows, int B, int T, const int32_t* positions) override;
+  void lookup_backward(const float* dx, const int32_t* rows, int B, int T, const int32_t* positions) override;
   void head_forward(float* logits, const float* lnf, int64_t rows, int64_t ld) override {
     head_.head_forward(logits, lnf, rows, ld);
   }

@@ -83,8 +83,8 @@ std::vector<HfTensor> Trainer::group_tensors(size_t g, ModelBuffer which, bool a
       if (cut_[s].first <= layer && layer < cut_[s].last) stage = s;
   }
   const int owner = schedule_.rank_of_stage[stage], me = mesh_->coord().pp;
-  // Only the TP group of the world's root needs them, unless every rank does.
-  const bool wanted = all_ranks || (mesh_->coord().dp == 0 && mesh_->coord().tp == 0);
+  // Only the TP group of the world's root (dp 0, cp 0) needs them, unless every rank does.
+  const bool wanted = all_ranks || (mesh_->coord().dp == 0 && mesh_->coord().cp == 0 && mesh_->coord().tp == 0);
   std::vector<HfTensor> tensors;
   if (me == owner) {
     const size_t j = static_cast<size_t>(part_of_stage_[stage]);

@@ -25,6 +25,7 @@
 #include "lattice/io/metrics.h"
 #include "lattice/io/safetensors.h"
 #include "lattice/kernels/ops.h"
+#include "lattice/layers/context/context_parallel.h"
 #include "lattice/layers/tensor/tensor_parallel.h"
 #include "lattice/parallel/data/data_parallel.h"
 #include "lattice/parallel/pipeline/executor.h"
@@ -164,7 +165,7 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options) : config_(
   const comm::MeshSizes sizes{p.pp, p.dp, p.cp, p.tp, p.ep};
   const int ranks = options_.ranks ? options_.ranks->size() : comm::world_size();
   comm::validate_mesh_sizes(ranks, sizes);
-  comm::refuse_unimplemented(sizes, {"dp", "tp", "pp"});
+  comm::refuse_unimplemented(sizes, {"dp", "tp", "pp", "cp"});
   mesh_ = std::make_unique<comm::ProcessMesh>(options_.ranks ? comm::ProcessMesh::create(sizes, *options_.ranks)
                                                              : comm::ProcessMesh::create(sizes));
   is_root_ = mesh_->world_rank() == 0;
@@ -257,6 +258,7 @@ void Trainer::build(uint64_t seed) {
   // rank's slices, declared only: the data-parallel engine allocates what
   // the ZeRO stage keeps.
   if (p.tp > 1) tp_ = std::make_unique<tensor::TensorParallel>(mesh_->tp(), p.sequence_parallel);
+  if (p.cp > 1) cp_ = std::make_unique<context::ContextParallel>(mesh_->cp(), context::parse_mode(p.cp_mode));
   std::vector<model::GPT*> parts;
   part_of_stage_.assign(static_cast<size_t>(S), -1);
   for (int s = 0; s < S; s++) {
@@ -264,6 +266,7 @@ void Trainer::build(uint64_t seed) {
     const model::StageLayers layers{cut_[s].first, cut_[s].last};
     parts_.push_back(std::make_unique<model::GPT>(model_config_, model::GPT::Unallocated{}, tp_.get(), layers));
     parts_.back()->set_compute_dtype(compute_);
+    parts_.back()->set_context_parallel(cp_.get());
     part_of_stage_[s] = static_cast<int>(parts.size());
     parts.push_back(parts_.back().get());
   }
@@ -281,7 +284,10 @@ void Trainer::build(uint64_t seed) {
   dpo.adam.eps = static_cast<float>(config_.optim.eps);
   dpo.adam.weight_decay = static_cast<float>(config_.optim.weight_decay);
   dpo.compression = compression_options();
-  dp_ = std::make_unique<parallel::DataParallel>(parts, mesh_->dp(), dpo);
+  // Context-parallel ranks hold the same parameters and different tokens,
+  // like data-parallel ones: the engine averages (and ZeRO shards) over dp×cp.
+  dpo.context_parallel = p.cp;
+  dp_ = std::make_unique<parallel::DataParallel>(parts, mesh_->dp_cp(), dpo);
   executor_ = std::make_unique<pipeline::Executor>(schedule_, parts, mesh_->pp());
   // The wiring: the engine reduces a part's gradients in its last backward
   // of the step, told by the executor; the tied embedding's two copies (first
@@ -308,6 +314,11 @@ void Trainer::build(uint64_t seed) {
   const size_t n = static_cast<size_t>(config_.train.micro_batch_size) * T;
   inputs_.assign(static_cast<size_t>(micro_batches_), std::vector<int32_t>(n));
   targets_.assign(static_cast<size_t>(micro_batches_), std::vector<int32_t>(n));
+  if (cp_) {
+    const size_t local = n / static_cast<size_t>(p.cp);
+    local_inputs_.assign(static_cast<size_t>(micro_batches_), std::vector<int32_t>(local));
+    local_targets_.assign(static_cast<size_t>(micro_batches_), std::vector<int32_t>(local));
+  }
 }
 
 void Trainer::setup_data(uint64_t seed) {
@@ -452,7 +463,15 @@ std::vector<pipeline::MicroBatch> Trainer::next_batches(BatchSource& source) {
   std::vector<pipeline::MicroBatch> batches;
   for (int k = 0; k < micro_batches_; k++) {
     source.next(inputs_[k].data(), targets_[k].data());
-    batches.push_back({inputs_[k].data(), targets_[k].data()});
+    if (!cp_) {
+      batches.push_back({inputs_[k].data(), targets_[k].data()});
+      continue;
+    }
+    // Every rank of a cp group read the same sequences; each keeps its chunks.
+    const int B = config_.train.micro_batch_size, T = config_.model.seq_len;
+    cp_->local_tokens(local_inputs_[k].data(), inputs_[k].data(), B, T);
+    cp_->local_tokens(local_targets_[k].data(), targets_[k].data(), B, T);
+    batches.push_back({local_inputs_[k].data(), local_targets_[k].data()});
   }
   return batches;
 }
@@ -469,12 +488,14 @@ StepStats Trainer::train_step_unguarded() {
   // other replicas as its last backward of the step writes them.
   dp_->begin_step(step_);
   executor_->set_loss_scale(loss_grad_factor());
-  double loss = executor_->run_step(next_batches(*train_data_), B, T);
+  double loss = executor_->run_step(next_batches(*train_data_), B, local_seq_len());
   dp_->finish_gradients();
   if (tp_) parallel::average_replicated_grads(dp_->reducer(), dp_->optimizer(), mesh_->tp());
   // The gradients now hold the sum over the replicas of each one's mean over
   // its micro-batches: 1/replicas makes it the mean over the global batch.
-  // (Every rank of a pipeline and of a TP group has the whole loss.)
+  // (Every rank of a pipeline and of a TP group has the whole loss; the
+  // replicas are the dp×cp ranks, each cp rank's loss the mean over its
+  // share of the tokens, all shares equal.)
   const int replicas = dp_->ranks();
   loss = dp_->sum_over_ranks(loss) / replicas;
   // Σ g² over the pipeline's stages and the TP slices, each element once.
@@ -542,9 +563,11 @@ double Trainer::evaluate() {
   val_data_->reset();
   double sum = 0;
   for (int i = 0; i < config_.train.eval_steps; i++)
-    sum += executor_->evaluate(next_batches(*val_data_), config_.train.micro_batch_size, config_.model.seq_len);
+    sum += executor_->evaluate(next_batches(*val_data_), config_.train.micro_batch_size, local_seq_len());
   return dp_->sum_over_ranks(sum) / (static_cast<double>(config_.train.eval_steps) * dp_->ranks());
 }
+
+int Trainer::local_seq_len() const { return config_.model.seq_len / config_.parallel.cp; }
 
 int Trainer::stop_requested() {
   int local = g_stop_signal.load();

@@ -51,6 +51,9 @@ struct CompressionOptions;
 namespace lattice::tensor {
 class TensorParallel;
 }
+namespace lattice::context {
+class ContextParallel;
+}
 namespace lattice::pipeline {
 struct MicroBatch;
 class Executor;
@@ -187,6 +190,7 @@ class Trainer {
   std::unique_ptr<comm::ProcessMesh> mesh_;
   model::ModelConfig model_config_;
   std::unique_ptr<tensor::TensorParallel> tp_;
+  std::unique_ptr<context::ContextParallel> cp_;
   pipeline::Schedule schedule_;
   std::vector<pipeline::ChunkLayers> cut_;            // layers of each stage
   std::vector<std::unique_ptr<model::GPT>> parts_;    // this rank's stages, in stage order
@@ -197,6 +201,10 @@ class Trainer {
   std::unique_ptr<BatchSource> train_data_, val_data_;
   std::unique_ptr<io::MetricsWriter> metrics_;
   std::vector<std::vector<int32_t>> inputs_, targets_;  // per micro-batch
+  // Context parallelism: this rank's chunks of them (layers/context).
+  std::vector<std::vector<int32_t>> local_inputs_, local_targets_;
+  // Tokens per sequence a part runs: model.seq_len, / cp under context parallelism.
+  int local_seq_len() const;
   std::vector<StepStats> history_;
   int64_t step_ = 0;
   int micro_batches_ = 1;

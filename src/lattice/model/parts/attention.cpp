@@ -4,6 +4,7 @@
 
 #include "lattice/core/error.h"
 #include "lattice/kernels/ops.h"
+#include "lattice/layers/context/context_parallel.h"
 #include "lattice/layers/tensor/tensor_parallel.h"
 
 namespace lattice::model::parts {
@@ -16,13 +17,28 @@ const float* Attention::project(float* qkv, const float* ln, float* work, int B,
   const float* whole =
       tensor::ColumnParallelLinear(tp_, s_.C, static_cast<int>(s_.QKV())).forward(qkv, ln, work, qkv_.weight(),
                                                                                   qkv_.bias(), N);
-  if (rope_) k::rope_forward(qkv, s_.QKV(), *rope_, B, T, s_.NH + s_.NKV, first_position);
+  if (rope_) rotate(qkv, B, T, first_position, false);
   k::round_to(q, qkv, N * s_.QKV());
   return whole;
 }
 
-void Attention::attend(float* atty, float* lse, const float* qkv, int B, int T, DType q) const {
-  k::attention_forward(atty, lse, qkv, B, T, s_.NH, s_.NKV, s_.hs);
+void Attention::rotate(float* x, int B, int T, int first_position, bool backward) const {
+  const auto apply = backward ? k::rope_backward : k::rope_forward;
+  if (!cp_) return apply(x, s_.QKV(), *rope_, B, T, s_.NH + s_.NKV, first_position);
+  // This rank's rows are two chunks of each sequence, each at its own place.
+  const int c = T / 2;
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < 2; h++)
+      apply(x + (static_cast<int64_t>(b) * T + h * c) * s_.QKV(), s_.QKV(), *rope_, 1, c, s_.NH + s_.NKV,
+            first_position + cp_->position(h * c, T));
+}
+
+void Attention::attend(float* atty, float* lse, float* qkv, float* heads_out, int B, int T, DType q) const {
+  if (cp_) {
+    cp_->forward(atty, lse, qkv, heads_out, B, T, {s_.NH, s_.NKV, s_.hs});
+  } else {
+    k::attention_forward(atty, lse, qkv, B, T, s_.NH, s_.NKV, s_.hs);
+  }
   k::round_to(q, atty, static_cast<int64_t>(B) * T * s_.A());
 }
 
@@ -32,12 +48,17 @@ void Attention::output(float* y, float* partial, const float* atty, int64_t N) c
 }
 
 void Attention::backward_input(float* dln, float* dqkv, float* datty, const float* dy_slice, float* dy_whole,
-                               const float* qkv, const float* atty, const float* lse, int B, int T) const {
+                               const float* qkv, const float* atty, const float* lse, const float* heads_out,
+                               int B, int T) const {
   const int64_t N = static_cast<int64_t>(B) * T;
   tensor::RowParallelLinear(tp_, static_cast<int>(s_.A()), s_.C).backward_input(datty, dy_slice, dy_whole,
                                                                                  out_.weight(), N);
-  k::attention_backward(dqkv, datty, qkv, atty, lse, B, T, s_.NH, s_.NKV, s_.hs);
-  if (rope_) k::rope_backward(dqkv, s_.QKV(), *rope_, B, T, s_.NH + s_.NKV, 0);
+  if (cp_) {
+    cp_->backward(dqkv, datty, qkv, atty, lse, heads_out, B, T, {s_.NH, s_.NKV, s_.hs});
+  } else {
+    k::attention_backward(dqkv, datty, qkv, atty, lse, B, T, s_.NH, s_.NKV, s_.hs);
+  }
+  if (rope_) rotate(dqkv, B, T, 0, true);
   tensor::ColumnParallelLinear(tp_, s_.C, static_cast<int>(s_.QKV())).backward_input(dln, dqkv, qkv_.weight(), N);
 }
 

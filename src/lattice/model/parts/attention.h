@@ -36,6 +36,9 @@ class TensorParallel;
 namespace lattice::kernels {
 class RopeTable;
 }
+namespace lattice::context {
+class ContextParallel;
+}
 
 namespace lattice::model::parts {
 
@@ -53,16 +56,21 @@ class Attention {
  public:
   // rope: the rotary table (null: learned positions, nothing rotated).
   // scratch: memory this part may grow for the replicated key/value gradients.
+  // cp: the context-parallel group (null: the whole sequence is here).
   Attention(tensor::TensorParallel* tp, AttentionShape shape, const kernels::RopeTable* rope, LinearParams qkv,
-            LinearParams out, std::vector<float>* scratch = nullptr)
-      : tp_(tp), s_(shape), rope_(rope), qkv_(qkv), out_(out), scratch_(scratch) {}
+            LinearParams out, std::vector<float>* scratch = nullptr, context::ContextParallel* cp = nullptr)
+      : tp_(tp), s_(shape), rope_(rope), qkv_(qkv), out_(out), scratch_(scratch), cp_(cp) {}
 
   // qkv [N, QKV] from the norm's output ln (rows(N) rows; `work` [N, C]
   // takes it gathered under SP), rotated for positions first_position + t of
-  // each of the B sequences of T, rounded to q. Returns the whole input read.
+  // each of the B sequences of T (context parallelism: the global positions
+  // of this rank's rows), rounded to q. Returns the whole input read.
   const float* project(float* qkv, const float* ln, float* work, int B, int T, int first_position, DType q) const;
   // atty [N, A] and lse [B, NH, T] from qkv: causal attention over each sequence, rounded to q.
-  void attend(float* atty, float* lse, const float* qkv, int B, int T, DType q) const;
+  // Context parallelism: over the whole sequence, ring or all-to-all
+  // (layers/context); all-to-all leaves the head-sharded Q/K/V in qkv, its
+  // lse in lse and the head-sharded output in heads_out, for the backward.
+  void attend(float* atty, float* lse, float* qkv, float* heads_out, int B, int T, DType q) const;
   // y = atty · W_oᵀ + b_o (rows(N) rows; `partial` [N, C] the local product under SP, else y).
   void output(float* y, float* partial, const float* atty, int64_t N) const;
 
@@ -71,7 +79,8 @@ class Attention {
   // (before the rotation: the projection's), and dln [N, C] = dqkv · W_qkv
   // summed over the group (SP: this rank's rows of the sum in its first rows).
   void backward_input(float* dln, float* dqkv, float* datty, const float* dy_slice, float* dy_whole,
-                      const float* qkv, const float* atty, const float* lse, int B, int T) const;
+                      const float* qkv, const float* atty, const float* lse, const float* heads_out, int B,
+                      int T) const;
   // dW_o (+)= dy_wholeᵀ · atty ; dW_qkv (+)= dqkvᵀ · ln_whole (and the biases).
   void backward_weight(const float* dy_whole, const float* atty, const float* dqkv, const float* ln_whole,
                        int64_t N) const;
@@ -82,6 +91,9 @@ class Attention {
   const kernels::RopeTable* rope_;
   LinearParams qkv_, out_;
   std::vector<float>* scratch_;
+  context::ContextParallel* cp_;
+  // RoPE over qkv's query and key heads (backward: its transpose), at each row's position.
+  void rotate(float* x, int B, int T, int first_position, bool backward) const;
 };
 
 }  // namespace lattice::model::parts

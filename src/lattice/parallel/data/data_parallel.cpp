@@ -260,6 +260,7 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
       p.embedding = std::make_unique<ShardedEmbedding>(p.groups[e], p.model.config(), p.layout.group(e), *stream_,
                                                        *reducer_, p.key[e], emb_params, mode,
                                                        stage >= 2 ? p.shard_grads[e].as<float>() : nullptr);
+      p.embedding->set_context_parallel(options_.context_parallel);
       p.model.set_tied_embedding(p.embedding.get());
     }
     p.hooks = std::make_unique<PartHooks>(*this, j);

@@ -79,6 +79,10 @@ struct DataParallelOptions {
   optim::AdamWConfig adam;
   // Gradient compression with error feedback (gradient_reducer.h); codec None: off.
   CompressionOptions compression;
+  // The group is dp×cp ranks ordered (dp, cp) when > 1: context-parallel
+  // ranks hold other positions of the same sequences (the sharded
+  // embedding's learned positions need to know whose rows are whose).
+  int context_parallel = 1;
 };
 
 class DataParallel {

@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "lattice/core/error.h"
+#include "lattice/layers/context/context_parallel.h"
 #include "lattice/kernels/ops.h"
 
 namespace lattice::parallel {
@@ -215,11 +216,17 @@ void ShardedEmbedding::exchange_tokens(const int32_t* tokens, int64_t count) {
   stream_.wait(stream_.all_gather(mine, tokens_all_.as<float>(), static_cast<size_t>(count), "tokens"));
 }
 
-void ShardedEmbedding::lookup(float* x, const int32_t* tokens, int B, int T, int first_position, bool positions) {
+int64_t ShardedEmbedding::wpe_row_of(int64_t j, int64_t BT, int T) const {
+  const int t = static_cast<int>((j % BT) % T);
+  if (cp_ == 1) return wpe_row_ + t;
+  return wpe_row_ + context::position_of(cp_, static_cast<int>((j / BT) % cp_), t, T);
+}
+
+void ShardedEmbedding::lookup(float* x, const int32_t* tokens, int B, int T, const int32_t* positions) {
   if (!params_) {
-    const float* wpe =
-        positions && has_wpe_ ? group_.compute_param(kWpe) + static_cast<int64_t>(first_position) * C_ : nullptr;
-    k::embedding_forward(x, tokens, group_.compute_param(kWte), wpe, B, T, C_);
+    // Every row here is whole: a one-process table under the same call.
+    model::embedding_forward_at(x, tokens, group_.compute_param(kWte),
+                                positions && has_wpe_ ? group_.compute_param(kWpe) : nullptr, positions, B, T, C_);
     return;
   }
   const int n = shard_.ranks;
@@ -236,7 +243,7 @@ void ShardedEmbedding::lookup(float* x, const int32_t* tokens, int B, int T, int
   for (int64_t j = 0; j < n * BT; j++) {
     float* out = rows + j * C_;
     if (all[j] >= 0) add_owned_row(out, static_cast<int64_t>(all[j]), params_);  // negative: another TP rank's
-    if (positions && has_wpe_) add_owned_row(out, wpe_row_ + first_position + (j % BT) % T, params_);
+    if (positions && has_wpe_) add_owned_row(out, wpe_row_of(j, BT, T), params_);
   }
   stream_.wait(stream_.reduce_scatter(rows, x, static_cast<size_t>(BT * C_), "lookup"));
 }
@@ -249,7 +256,8 @@ const float* ShardedEmbedding::gather_lookup_rows(const float* dx, const int32_t
   return rows_.as<float>();
 }
 
-void ShardedEmbedding::lookup_into_group(const float* dx, const int32_t* tokens, int B, int T) {
+void ShardedEmbedding::lookup_into_group(const float* dx, const int32_t* tokens, int B, int T,
+                                         const int32_t* positions) {
   const int64_t BT = static_cast<int64_t>(B) * T;
   if (!last_) {  // earlier micro-batches: accumulate here, reduced with the rest on the last one
     float* d[2] = {nullptr, nullptr};
@@ -258,7 +266,7 @@ void ShardedEmbedding::lookup_into_group(const float* dx, const int32_t* tokens,
       d[p] = group_.write_grad(p, &acc);
       if (!acc) std::memset(d[p], 0, sizeof(float) * group_.params()[p].numel());
     }
-    k::embedding_backward(d[kWte], d[kWpe], dx, tokens, B, T, C_);
+    model::embedding_backward_at(d[kWte], d[kWpe], dx, tokens, positions, B, T, C_);
     return;
   }
   stream_.wait(last_ticket_);  // the group's chunks are reduced
@@ -269,7 +277,6 @@ void ShardedEmbedding::lookup_into_group(const float* dx, const int32_t* tokens,
   if (gradients_ == Gradients::AllReduce) {
     // Every rank adds every rank's rows, in the same order: the buffers stay
     // identical. By columns, so threads never share an element.
-    const int64_t wpe = wpe_row_;
 #pragma omp parallel for schedule(static)
     for (int64_t c0 = 0; c0 < C_; c0 += 64) {
       const int64_t c1 = std::min<int64_t>(C_, c0 + 64);
@@ -280,20 +287,21 @@ void ShardedEmbedding::lookup_into_group(const float* dx, const int32_t* tokens,
           for (int64_t c = c0; c < c1; c++) dw[c] += v[c];
         }
         if (!has_wpe_) continue;
-        float* dp = grad + (wpe + (j % BT) % T) * C_;
+        float* dp = grad + wpe_row_of(j, BT, T) * C_;
         for (int64_t c = c0; c < c1; c++) dp[c] += v[c];
       }
     }
   } else {
     for (int64_t j = 0; j < total; j++) {
       if (all[j] >= 0) add_to_owned(grad, static_cast<int64_t>(all[j]), rows + j * C_, /*home=*/true);
-      if (has_wpe_) add_to_owned(grad, wpe_row_ + (j % BT) % T, rows + j * C_, /*home=*/true);
+      if (has_wpe_) add_to_owned(grad, wpe_row_of(j, BT, T), rows + j * C_, /*home=*/true);
     }
   }
 }
 
-void ShardedEmbedding::lookup_backward(const float* dx, const int32_t* tokens, int B, int T) {
-  if (gradients_ != Gradients::Sharded) return lookup_into_group(dx, tokens, B, T);
+void ShardedEmbedding::lookup_backward(const float* dx, const int32_t* tokens, int B, int T,
+                                       const int32_t* positions) {
+  if (gradients_ != Gradients::Sharded) return lookup_into_group(dx, tokens, B, T, positions);
   // After the head's reductions have written (or added to) the shard; a
   // part without the head (a pipeline's first stage) starts it at zero.
   stream_.wait(last_ticket_);
@@ -310,7 +318,7 @@ void ShardedEmbedding::lookup_backward(const float* dx, const int32_t* tokens, i
   for (int64_t j = 0; j < n * BT; j++) {
     const float* values = rows + j * C_;
     if (all[j] >= 0) add_to_owned(grad_shard_, static_cast<int64_t>(all[j]), values);
-    if (has_wpe_) add_to_owned(grad_shard_, wpe_row_ + (j % BT) % T, values);
+    if (has_wpe_) add_to_owned(grad_shard_, wpe_row_of(j, BT, T), values);
   }
 }
 

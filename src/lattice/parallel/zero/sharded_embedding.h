@@ -87,11 +87,15 @@ class ShardedEmbedding final : public model::TiedEmbedding {
   size_t param_buffer_bytes() const;
   size_t grad_buffer_bytes() const;
 
-  void lookup(float* x, const int32_t* tokens, int B, int T, int first_position, bool positions) override;
+  // Context parallelism: the group is dp×cp, ordered (dp, cp), so group rank
+  // q holds the tokens of context-parallel rank q % cp, at that rank's
+  // positions (the rows of every rank pass through here). 1: none.
+  void set_context_parallel(int cp) { cp_ = cp; }
+  void lookup(float* x, const int32_t* tokens, int B, int T, const int32_t* positions) override;
   void head_forward(float* logits, const float* lnf, int64_t rows, int64_t ld) override;
   void head_backward_input(float* dlnf, const float* dlogits, int64_t N) override;
   void head_backward_weight(const float* dlogits, const float* lnf, int64_t N) override;
-  void lookup_backward(const float* dx, const int32_t* tokens, int B, int T) override;
+  void lookup_backward(const float* dx, const int32_t* tokens, int B, int T, const int32_t* positions) override;
 
  private:
   // Posts the gather of chunk c into piece buffer c % 2.
@@ -108,7 +112,7 @@ class ShardedEmbedding final : public model::TiedEmbedding {
   void add_to_owned(float* dst, int64_t row, const float* values, bool home = false) const;
   // The group's own gradient buffer, the head's share accumulated (AllReduce, Scatter).
   void head_weight_into_group(const float* dlogits, const float* lnf, int64_t N);
-  void lookup_into_group(const float* dx, const int32_t* tokens, int B, int T);
+  void lookup_into_group(const float* dx, const int32_t* tokens, int B, int T, const int32_t* positions);
   // Exchanges (token, dx row) pairs of every rank into tokens_all_ / rows_.
   const float* gather_lookup_rows(const float* dx, const int32_t* tokens, int64_t BT);
   void exchange_tokens(const int32_t* tokens, int64_t count);
@@ -123,6 +127,9 @@ class ShardedEmbedding final : public model::TiedEmbedding {
   Gradients gradients_;
   float* grad_shard_;
   int64_t wpe_row_;      // flat row where wpe starts (= Vp; -1: no wpe)
+  int cp_ = 1;
+  // The flat row of wpe for row j of the n·B·T rows every rank exchanged.
+  int64_t wpe_row_of(int64_t j, int64_t BT, int T) const;
   bool has_wpe_ = true;  // learned positions (rotary: the token table alone)
   bool written_ = false, last_ = true;
   Buffer pieces_;        // two chunks of parameters (stage 3)
