@@ -14,6 +14,7 @@
 namespace lattice::kernels {
 namespace {
 
+using test::error_message;
 using test::randn;
 using test::to_double;
 
@@ -403,15 +404,6 @@ TEST(AttentionGqa, DecodeMatchesForward) {
           out, to_double(want), 1e-5, 1e-4,
           std::string(compact ? "compact cache, " : "qkv rows, ") + std::to_string(chunks.size()) + " chunks");
     }
-}
-
-std::string error_message(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(AttentionGqa, RejectsQueryHeadsNotMultipleOfKvHeads) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "lattice/core/error.h"
 #include "lattice/core/rng.h"
 #include "lattice/core/threads.h"
 
@@ -106,6 +107,16 @@ inline void expect_close_d(const std::vector<double>& got, const std::vector<dou
     if (!(err / tol <= worst)) worst = err / tol, worst_i = i;
   }
   EXPECT_FALSE(bad) << what << ": worst element " << worst_i << " got " << got[worst_i] << " want " << want[worst_i];
+}
+
+// The message of the lattice::Error that f throws, or "(no error)".
+inline std::string error_message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 inline double dot(const std::vector<double>& a, const std::vector<double>& b) {

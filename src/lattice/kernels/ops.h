@@ -299,6 +299,61 @@ inline void attention_decode(float* out, const float* q, int64_t ldq, const floa
   attention_decode(out, q, ldq, keys, values, ld_kv, n, pos, NH, NH, attention_head_size(C, NH));
 }
 
+// ---- Ring (context-parallel) attention blocks -------------------------------------
+// Context parallelism splits the sequence into chunks held by different ranks;
+// a rank's query chunk meets the key/value chunks one at a time as they travel
+// round the ring, and the partial results are merged by their log-sum-exp.
+// For one block (a query chunk against one key/value chunk), per problem b,
+// query head h, key/value head j = h / group, scale = 1/sqrt(hs):
+//   S = scale · Q_h K_jᵀ (causal block: S_ik = -inf for k > i), lse_b = log Σ_k exp(S_ik),
+//   out_b = softmax_row(S) V_j
+// Attention over the union of key blocks K1 ∪ K2 is the merge of the two:
+//   lse = log(exp(lse_1) + exp(lse_2)), out = exp(lse_1 - lse)·out_1 + exp(lse_2 - lse)·out_2
+// and the backward of the merged attention splits by key block: with the
+// FINAL lse and D, each block's P = exp(scale·Q Kᵀ - lse) is its share of the
+// full softmax, so the usual gradient formulas, summed over the blocks, give
+// the gradient of the whole. The diagonal (causal) block alone is exactly
+// attention_forward / attention_backward of that chunk (the same code).
+//
+// One block of ring attention: B independent problems.
+// Query row i of problem b is q + b*q_batch + i*ldq (query head h at columns h*hs);
+// key/value row k of problem b is k|v + b*kv_batch + k*ldkv (head j at j*hs).
+struct AttentionBlock {
+  const float* q;
+  int64_t ldq, q_batch;
+  const float* k;
+  const float* v;
+  int64_t ldkv, kv_batch;
+  int B, Tq, Tk, NH, NKV, hs;
+  bool causal;  // the diagonal block: Tq == Tk and query i sees keys 0..i; else every key is visible
+};
+// out row i of problem b at out + b*out_batch + i*ldo (head h at h*hs); lse [B, NH, Tq].
+// merge == false: out, lse = this block's attention alone (normalised output and its log-sum-exp).
+// merge == true: out, lse already hold the attention over earlier key blocks; they become the attention
+// over the union, in a numerically safe form (no log(1+exp) of a large argument):
+//   m = max(lse, lse_b); lse' = m + log(exp(lse - m) + exp(lse_b - m)); out' = exp(lse - lse')·out + exp(lse_b - lse')·out_b
+// (one of the two exponentials is exp(0) = 1, so lse' = m + log1p(exp(min(lse, lse_b) - m))). lse = -inf with
+// out = 0 is a valid "no keys yet" state. Bitwise the same for any thread count; with merge == false and a
+// causal block, bitwise attention_forward of that chunk.
+// Refuses (lattice::Error) non-positive sizes, NH % NKV != 0, a causal block with Tq != Tk, leading
+// dimensions below the row widths (ldq, ldo < NH·hs, ldkv < NKV·hs) and, when B > 1, batch strides
+// below rows × leading dimension (q_batch < Tq·ldq, kv_batch < Tk·ldkv, out_batch < Tq·ldo).
+void attention_block_forward(const AttentionBlock& blk, float* out, int64_t ldo, int64_t out_batch, float* lse,
+                             bool merge);
+// D_i = Σ_d dout_id·out_id per (b, query head h, row i): delta [B, NH, T]. dout and out rows at
+// b*batch + i*ld (head h at h*hs). Refuses non-positive sizes, ld < NH·hs and, when B > 1, batch < T·ld.
+void attention_delta(float* delta, const float* dout, const float* out, int64_t ld, int64_t batch, int B, int T,
+                     int NH, int hs);
+// The block's share of the backward, with lse and delta of the FINAL (merged) attention:
+//   P = exp(scale·Q Kᵀ - lse) (masked), dV += Pᵀ dout, dS = P ⊙ (dout Vᵀ - D), dQ += scale·dS K, dK += scale·dSᵀ Q
+// dout has out's strides (ldo, out_batch); lse and delta are [B, NH, Tq].
+// dq has q's strides (ldq, q_batch); dk and dv have k/v's (ldkv, kv_batch). All three ACCUMULATE (+=).
+// dK_j, dV_j sum their query heads in ascending h as attention_backward does; bitwise the same for any
+// thread count. With a causal block and dq, dk, dv zero, bitwise attention_backward of that chunk.
+// Refuses what attention_block_forward refuses.
+void attention_block_backward(const AttentionBlock& blk, const float* dout, int64_t ldo, int64_t out_batch,
+                              const float* lse, const float* delta, float* dq, float* dk, float* dv);
+
 // ---- Softmax + cross-entropy ------------------------------------------------------
 // Rows of logits [N, Vp]; only the first V columns are real classes (columns
 // V..Vp-1 are padding and never take part). targets in [0, V).

@@ -31,6 +31,15 @@
 // the zeroed dK_j, dV_j). Every task writes disjoint memory and runs its
 // GEMMs on one thread, so the result is the same for every thread count. With
 // NKV = NH a task is one head: exactly the multi-head kernel.
+//
+// The loops are written for one block of ring attention (ops.h: a query
+// chunk against a key/value chunk, any strides, attention_block.cpp): the
+// causal entry points run them on the diagonal block of the whole sequence;
+// an off-diagonal block sees all Tk keys (no mask, keys = Tk for every query
+// block), and a merging forward combines its rows with the earlier blocks'
+// by their log-sum-exp. The backward takes D precomputed per (b, h)
+// (attention_delta), because with ring attention it comes from the final
+// merged output, not from the block's.
 #include <omp.h>
 
 #include <algorithm>
@@ -38,6 +47,7 @@
 
 #include "lattice/core/error.h"
 #include "lattice/core/memory.h"
+#include "lattice/kernels/cpu/attention_internal.h"
 #include "lattice/kernels/cpu/gemm_internal.h"
 #include "lattice/kernels/cpu/simd.h"
 #include "lattice/kernels/cpu/vec_math.h"
@@ -50,8 +60,10 @@ constexpr int kQueryBlock = 64;
 
 // Per-thread tiles, owned by the calling thread (so two threads calling
 // attention at once do not share them) and grown once to the largest T seen.
-float* workspace(int64_t floats_per_thread, int threads) {
-  thread_local Buffer buffer;
+// Slot 0 holds the tiles, slot 1 the backward's D, which lives beside them.
+float* workspace(int slot, int64_t floats_per_thread, int threads) {
+  thread_local Buffer buffers[2];
+  Buffer& buffer = buffers[slot];
   const size_t bytes = sizeof(float) * static_cast<size_t>(floats_per_thread) * threads;
   if (buffer.bytes() < bytes) buffer.ensure(bytes, MemCategory::Workspace);
   return buffer.as<float>();
@@ -120,6 +132,28 @@ void scale_rows(float* out, const float* inv_l, int rows, int hs, int64_t ld) {
   }
 }
 
+// Merges a block's rows (out_b, lse_b) into the rows (out, lse) of the
+// attention over earlier key blocks. With m = max and n = min of the two
+// lse, one of exp(lse - m), exp(lse_b - m) is 1 and the other e = exp(n - m):
+//   lse' = m + log1p(e) ; out' = exp(lse - lse')·out + exp(lse_b - lse')·out_b
+// where the weights are 1/(1 + e) for the larger lse and e/(1 + e) for the
+// smaller. No exponential has a positive argument, and the weights come
+// from the difference n - m, not from the rounded lse' (its rounding error,
+// ~1e-6 at |lse| ≈ 10, would otherwise scale the whole output row).
+// lse = -inf (no keys yet) gives lse_b, out_b.
+void merge_rows(float* out, int64_t ldo, float* lse, const float* out_b, const float* lse_b, int rows, int hs) {
+  for (int r = 0; r < rows; ++r) {
+    const bool earlier_larger = lse[r] >= lse_b[r];
+    const float m = earlier_larger ? lse[r] : lse_b[r], n = earlier_larger ? lse_b[r] : lse[r];
+    const float e = std::exp(n - m), w_larger = 1.0f / (1.0f + e), w_smaller = e * w_larger;
+    const float a = earlier_larger ? w_larger : w_smaller, c = earlier_larger ? w_smaller : w_larger;
+    float* o = out + r * ldo;
+    const float* o_b = out_b + static_cast<int64_t>(r) * hs;
+    for (int d = 0; d < hs; ++d) o[d] = a * o[d] + c * o_b[d];
+    lse[r] = m + std::log1p(e);
+  }
+}
+
 // S (future keys already -inf) ← P = exp(S - lse_i); dP ← dS = P ⊙ (dP - D_i).
 void recompute_p_and_ds(float* S, float* dP, const float* lse, const float* D, int rows, int keys) {
   for (int r = 0; r < rows; ++r) {
@@ -166,86 +200,144 @@ int attention_head_size(int C, int NH) {
   return C / NH;
 }
 
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV, int hs) {
-  check_args("attention_forward", B, T, NH, NKV, hs);
-  const int group = NH / NKV;
+namespace cpu {
+
+// A non-causal block sees every key, so each query block's tile spans all Tk
+// keys and needs no mask; the diagonal block sees keys [0, i1) of query block
+// [i0, i1). merge == true computes the block into the thread's scratch and
+// merges it into out and lse by merge_rows.
+void attention_block_forward_unchecked(const AttentionBlock& a, float* out, int64_t ldo, int64_t out_batch,
+                                       float* lse, bool merge) {
+  const int hs = a.hs, group = a.NH / a.NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int64_t q_width = static_cast<int64_t>(NH) * hs, kv_width = static_cast<int64_t>(NKV) * hs;
-  const int64_t ld_qkv = q_width + 2 * kv_width;
-  const int query_blocks = (T + kQueryBlock - 1) / kQueryBlock;
-  const int64_t heads = static_cast<int64_t>(B) * NH;
-  const int64_t tile = static_cast<int64_t>(kQueryBlock) * T;
-  const int64_t per_thread = tile + kQueryBlock;  // exp(S - m) tile, 1/l
-  float* tiles = workspace(per_thread, omp_get_max_threads());
+  const int query_blocks = (a.Tq + kQueryBlock - 1) / kQueryBlock;
+  const int64_t heads = static_cast<int64_t>(a.B) * a.NH;
+  const int64_t tile = static_cast<int64_t>(kQueryBlock) * a.Tk;
+  const int64_t block_result = merge ? static_cast<int64_t>(kQueryBlock) * (hs + 1) : 0;  // out_b, lse_b
+  const int64_t per_thread = tile + kQueryBlock + block_result;                          // exp(S - m) tile, 1/l
+  float* tiles = workspace(0, per_thread, omp_get_max_threads());
 
   // Largest query blocks (most keys) first, for the dynamic schedule.
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t task = 0; task < heads * query_blocks; ++task) {
     const int qb = query_blocks - 1 - static_cast<int>(task / heads);
     const int64_t bh = task % heads;
-    const int64_t b = bh / NH, h = bh % NH, j = h / group;
-    const int i0 = qb * kQueryBlock, i1 = std::min(T, i0 + kQueryBlock), rows = i1 - i0, keys = i1;
-    const float* q = qkv + (b * T + i0) * ld_qkv + h * hs;
-    const float* k = qkv + b * T * ld_qkv + q_width + j * hs;
-    const float* v = k + kv_width;
+    const int64_t b = bh / a.NH, h = bh % a.NH, j = h / group;
+    const int i0 = qb * kQueryBlock, i1 = std::min(a.Tq, i0 + kQueryBlock), rows = i1 - i0;
+    const int keys = a.causal ? i1 : a.Tk;
+    const float* q = a.q + b * a.q_batch + i0 * a.ldq + h * hs;
+    const float* k = a.k + b * a.kv_batch + j * hs;
+    const float* v = a.v + b * a.kv_batch + j * hs;
     float* S = tiles + omp_get_thread_num() * per_thread;
     float* inv_l = S + tile;
-    float* o = out + (b * T + i0) * q_width + h * hs;
-    small_gemm(false, true, rows, keys, hs, scale, q, ld_qkv, k, ld_qkv, 0.0f, S, keys);
-    cpu::simd([&] { return mask_future(S, rows, keys, i0); });
-    cpu::simd([&] { return softmax_rows(S, lse + bh * T + i0, inv_l, rows, keys); });
-    small_gemm(false, false, rows, hs, keys, 1.0f, S, keys, v, ld_qkv, 0.0f, o, q_width);
-    cpu::simd([&] { return scale_rows(o, inv_l, rows, hs, q_width); });
+    float* o = out + b * out_batch + i0 * ldo + h * hs;
+    float* lse_rows = lse + bh * a.Tq + i0;
+    // Where this block's own result goes: straight to out and lse, or to the scratch to be merged.
+    float* o_b = merge ? inv_l + kQueryBlock : o;
+    float* lse_b = merge ? o_b + kQueryBlock * hs : lse_rows;
+    const int64_t ld_b = merge ? hs : ldo;
+    small_gemm(false, true, rows, keys, hs, scale, q, a.ldq, k, a.ldkv, 0.0f, S, keys);
+    if (a.causal) cpu::simd([&] { return mask_future(S, rows, keys, i0); });
+    cpu::simd([&] { return softmax_rows(S, lse_b, inv_l, rows, keys); });
+    small_gemm(false, false, rows, hs, keys, 1.0f, S, keys, v, a.ldkv, 0.0f, o_b, ld_b);
+    cpu::simd([&] { return scale_rows(o_b, inv_l, rows, hs, ld_b); });
+    if (merge) cpu::simd([&] { return merge_rows(o, ldo, lse_rows, o_b, lse_b, rows, hs); });
   }
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
-                        int T, int NH, int NKV, int hs) {
-  check_args("attention_backward", B, T, NH, NKV, hs);
-  const int group = NH / NKV;
+void attention_block_backward_unchecked(const AttentionBlock& a, const float* dout, int64_t ldo, int64_t out_batch,
+                                        const float* lse, const float* delta, float* dq, float* dk, float* dv,
+                                        bool accumulate) {
+  const int hs = a.hs, group = a.NH / a.NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int64_t q_width = static_cast<int64_t>(NH) * hs, kv_width = static_cast<int64_t>(NKV) * hs;
-  const int64_t ld_qkv = q_width + 2 * kv_width;
-  const int query_blocks = (T + kQueryBlock - 1) / kQueryBlock;
-  const int64_t kv_heads = static_cast<int64_t>(B) * NKV;
-  const int64_t tile = static_cast<int64_t>(kQueryBlock) * T;
-  const int64_t per_thread = 2 * tile + T;  // P tile, dP tile, D
-  float* tiles = workspace(per_thread, omp_get_max_threads());
+  const int query_blocks = (a.Tq + kQueryBlock - 1) / kQueryBlock;
+  const int64_t kv_heads = static_cast<int64_t>(a.B) * a.NKV;
+  const int64_t tile = static_cast<int64_t>(kQueryBlock) * a.Tk;
+  const int64_t per_thread = 2 * tile;  // P tile, dP tile
+  float* tiles = workspace(0, per_thread, omp_get_max_threads());
+  const float dq_beta = accumulate ? 1.0f : 0.0f;
 
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t bj = 0; bj < kv_heads; ++bj) {
-    const int64_t b = bj / NKV, j = bj % NKV;
+    const int64_t b = bj / a.NKV, j = bj % a.NKV;
     float* P = tiles + omp_get_thread_num() * per_thread;
     float* dP = P + tile;
-    float* D = dP + tile;
-    const float* k = qkv + b * T * ld_qkv + q_width + j * hs;
-    const float* v = k + kv_width;
-    float* dk = dqkv + b * T * ld_qkv + q_width + j * hs;
-    float* dv = dk + kv_width;
-    zero_rows(dk, T, hs, ld_qkv);
-    zero_rows(dv, T, hs, ld_qkv);
+    const float* k = a.k + b * a.kv_batch + j * hs;
+    const float* v = a.v + b * a.kv_batch + j * hs;
+    float* dk_j = dk + b * a.kv_batch + j * hs;
+    float* dv_j = dv + b * a.kv_batch + j * hs;
+    if (!accumulate) {
+      zero_rows(dk_j, a.Tk, hs, a.ldkv);
+      zero_rows(dv_j, a.Tk, hs, a.ldkv);
+    }
     // The group's query heads in ascending order: the fixed summation order of dK_j and dV_j.
     for (int64_t h = j * group; h < (j + 1) * group; ++h) {
-      const float* q = qkv + b * T * ld_qkv + h * hs;
-      float* dq = dqkv + b * T * ld_qkv + h * hs;
-      const float* dy = dout + b * T * q_width + h * hs;
-      const float* lse_bh = lse + (b * NH + h) * T;
-      cpu::simd([&] { return row_dots(D, dy, out + b * T * q_width + h * hs, T, hs, q_width); });
+      const float* q = a.q + b * a.q_batch + h * hs;
+      float* dq_h = dq + b * a.q_batch + h * hs;
+      const float* dy = dout + b * out_batch + h * hs;
+      const float* lse_bh = lse + (b * a.NH + h) * a.Tq;
+      const float* D = delta + (b * a.NH + h) * a.Tq;
       for (int qb = 0; qb < query_blocks; ++qb) {
-        const int i0 = qb * kQueryBlock, i1 = std::min(T, i0 + kQueryBlock), rows = i1 - i0, keys = i1;
-        const float* q_blk = q + i0 * ld_qkv;
-        const float* dy_blk = dy + i0 * q_width;
-        small_gemm(false, true, rows, keys, hs, scale, q_blk, ld_qkv, k, ld_qkv, 0.0f, P, keys);
-        small_gemm(false, true, rows, keys, hs, 1.0f, dy_blk, q_width, v, ld_qkv, 0.0f, dP, keys);
-        cpu::simd([&] { return mask_future(P, rows, keys, i0); });
+        const int i0 = qb * kQueryBlock, i1 = std::min(a.Tq, i0 + kQueryBlock), rows = i1 - i0;
+        const int keys = a.causal ? i1 : a.Tk;
+        const float* q_blk = q + i0 * a.ldq;
+        const float* dy_blk = dy + i0 * ldo;
+        small_gemm(false, true, rows, keys, hs, scale, q_blk, a.ldq, k, a.ldkv, 0.0f, P, keys);
+        small_gemm(false, true, rows, keys, hs, 1.0f, dy_blk, ldo, v, a.ldkv, 0.0f, dP, keys);
+        if (a.causal) cpu::simd([&] { return mask_future(P, rows, keys, i0); });
         cpu::simd([&] { return recompute_p_and_ds(P, dP, lse_bh + i0, D + i0, rows, keys); });
-        small_gemm(true, false, keys, hs, rows, 1.0f, P, keys, dy_blk, q_width, 1.0f, dv, ld_qkv);
-        small_gemm(false, false, rows, hs, keys, scale, dP, keys, k, ld_qkv, 0.0f, dq + i0 * ld_qkv, ld_qkv);
-        small_gemm(true, false, keys, hs, rows, scale, dP, keys, q_blk, ld_qkv, 1.0f, dk, ld_qkv);
+        small_gemm(true, false, keys, hs, rows, 1.0f, P, keys, dy_blk, ldo, 1.0f, dv_j, a.ldkv);
+        small_gemm(false, false, rows, hs, keys, scale, dP, keys, k, a.ldkv, dq_beta, dq_h + i0 * a.ldq, a.ldq);
+        small_gemm(true, false, keys, hs, rows, scale, dP, keys, q_blk, a.ldq, 1.0f, dk_j, a.ldkv);
       }
     }
   }
 }
+
+void attention_delta_unchecked(float* delta, const float* dout, const float* out, int64_t ld, int64_t batch, int B,
+                               int T, int NH, int hs) {
+  const int64_t heads = static_cast<int64_t>(B) * NH;
+#pragma omp parallel for schedule(static) if (heads * T * hs > (1 << 16))
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    const int64_t b = bh / NH, h = bh % NH;
+    const int64_t offset = b * batch + h * hs;
+    cpu::simd([&] { return row_dots(delta + bh * T, dout + offset, out + offset, T, hs, ld); });
+  }
+}
+
+}  // namespace cpu
+
+namespace {
+
+// The whole sequence of a qkv buffer as the diagonal block of ring attention.
+AttentionBlock causal_block(const float* qkv, int B, int T, int NH, int NKV, int hs) {
+  const int64_t q_width = static_cast<int64_t>(NH) * hs, kv_width = static_cast<int64_t>(NKV) * hs;
+  const int64_t ld_qkv = q_width + 2 * kv_width, batch = T * ld_qkv;
+  return AttentionBlock{qkv, ld_qkv, batch, qkv + q_width, qkv + q_width + kv_width, ld_qkv, batch,
+                        B,   T,      T,     NH,            NKV,                      hs,     true};
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV, int hs) {
+  check_args("attention_forward", B, T, NH, NKV, hs);
+  const int64_t q_width = static_cast<int64_t>(NH) * hs;
+  cpu::attention_block_forward_unchecked(causal_block(qkv, B, T, NH, NKV, hs), out, q_width, T * q_width, lse,
+                                         false);
+}
+
+// D for every (b, h) first (a [B, NH, T] scratch, the size of lse), then the
+// diagonal block's backward writing dq and dk, dv.
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
+                        int T, int NH, int NKV, int hs) {
+  check_args("attention_backward", B, T, NH, NKV, hs);
+  const int64_t q_width = static_cast<int64_t>(NH) * hs, kv_width = static_cast<int64_t>(NKV) * hs;
+  float* delta = workspace(1, static_cast<int64_t>(B) * NH * T, 1);
+  cpu::attention_delta_unchecked(delta, dout, out, q_width, T * q_width, B, T, NH, hs);
+  cpu::attention_block_backward_unchecked(causal_block(qkv, B, T, NH, NKV, hs), dout, q_width, T * q_width, lse,
+                                          delta, dqkv, dqkv + q_width, dqkv + q_width + kv_width, false);
+}
+
 // One query row against keys [0, visible): scores into s, then out = softmax(s)·V.
 void decode_row(float* out, const float* q, const float* keys, const float* values, int64_t ld_kv, int visible,
                 int hs, float scale, float* s) {
@@ -285,7 +377,7 @@ void attention_decode(float* out, const float* q, int64_t ldq, const float* keys
   const int group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t visible_max = static_cast<int64_t>(pos) + n;
-  float* scores = workspace(visible_max, omp_get_max_threads());
+  float* scores = workspace(0, visible_max, omp_get_max_threads());
 #pragma omp parallel for schedule(dynamic, 1) if (static_cast<int64_t>(n) * NH * visible_max * hs > (1 << 16))
   for (int64_t task = 0; task < static_cast<int64_t>(n) * NH; ++task) {
     const int i = static_cast<int>(task / NH), h = static_cast<int>(task % NH), j = h / group;
