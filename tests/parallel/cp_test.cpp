@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "equivalence.h"
+#include "lattice/core/error.h"
 #include "lattice/kernels/ops.h"
 #include "lattice/layers/context/context_parallel.h"
 #include "mpi_ranks.h"
@@ -249,6 +250,19 @@ TEST(ContextParallel, RefusesWhatItCannotCut) {
     ADD_FAILURE() << "all_to_all over one head was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("parallel.cp_mode=\"all_to_all\""), std::string::npos) << e.what();
+  }
+  // A mesh that does not factor the ranks started.
+  c = mpitest::parity_recipe();
+  c.parallel.cp = n + 1;
+  c.model.seq_len = 8 * (n + 1);  // cut into 2·cp chunks: the mesh is what is wrong
+  try {
+    train::Trainer t(c, o);
+    ADD_FAILURE() << "cp=" << n + 1 << " on " << n << " ranks was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.cp=" + std::to_string(n + 1) + " × parallel.tp=1 = " +
+                                         std::to_string(n + 1) + " does not equal the " + std::to_string(n)),
+              std::string::npos)
+        << e.what();
   }
   c = mpitest::parity_recipe();
   c.parallel.cp = n;
