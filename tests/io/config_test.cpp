@@ -207,6 +207,17 @@ TEST(Config, WrongTypesAndRanges) {
 TEST(Config, CrossKeyChecks) {
   EXPECT_ERROR_CONTAINS(parse("[model]\nn_embd = 100\n"), "model.n_embd=100 is not divisible by model.n_head=12");
   EXPECT_ERROR_CONTAINS(parse("", {"optim.min_lr=0.001"}), "optim.min_lr=0.001 must be <= optim.lr=0.0006");
+  // Context parallelism cuts each sequence into 2·cp chunks, and sequence
+  // parallelism then cuts a rank's share over tp.
+  EXPECT_ERROR_CONTAINS(parse("", {"model.seq_len=1000", "parallel.cp=3"}),
+                        "parallel.cp=3 cuts each sequence into 2*cp=6 chunks, but model.seq_len=1000 is not divisible "
+                        "by 6");
+  EXPECT_NO_THROW(parse("", {"model.seq_len=1008", "parallel.cp=3"}));
+  EXPECT_ERROR_CONTAINS(parse("", {"model.seq_len=1032", "parallel.cp=4", "parallel.tp=4",
+                                   "parallel.sequence_parallel=true", "model.n_head=16", "model.n_embd=1024"}),
+                        "parallel.sequence_parallel=true needs model.seq_len=1032 / parallel.cp=4 divisible by "
+                        "parallel.tp=4");
+  EXPECT_ERROR_CONTAINS(parse("", {"parallel.cp=2", "parallel.cp_mode=ulysses"}), "parallel.cp_mode");
   // A later override can repair what an earlier value broke: checks run after all of them.
   EXPECT_NO_THROW(parse("[model]\nn_embd = 100\n", {"model.n_head=10"}));
 }
@@ -229,6 +240,8 @@ const std::vector<ConditionalCase>& conditional_cases() {
        {"model.family=llama"},
        "model.rope_theta=500000.0 applies to rotary positions, but model.position is \"learned\" (model.family = "
        "\"gpt2\"'s default): set model.position=\"rope\", or leave model.rope_theta unset"},
+      {"parallel.cp_mode", "parallel.cp > 1", "all_to_all", {}, {"parallel.cp=2"},
+       "parallel.cp_mode=\"all_to_all\" applies to context parallelism: set parallel.cp > 1, or leave it at \"ring\""},
       {"parallel.sequence_parallel", "parallel.tp > 1", "true", {}, {"parallel.tp=2"},
        "parallel.sequence_parallel=true needs parallel.tp > 1: it splits the sequence over the tensor-parallel "
        "group (parallel.tp=1)"},
@@ -390,15 +403,17 @@ TEST(Config, UnlandedFeaturesAreRefusedNamingTheKey) {
   c.parallel.microbatches = 4;
   EXPECT_NE(testing::error_of([&] { check_landed(c); }).find("parallel.microbatches=4: "), std::string::npos);
   const std::string help = config_help();
-  for (const char* name : {"cp", "ep"}) {
+  for (const char* name : {"ep"}) {
     const size_t line = help.find(std::string("\n  ") + name + " = ");
     ASSERT_NE(line, std::string::npos) << name;
     EXPECT_NE(help.substr(line, help.find('\n', line + 1) - line).find("(not implemented yet: only the default is accepted)"),
               std::string::npos)
         << name;
   }
-  const size_t dp = help.find("\n  dp = ");
-  EXPECT_EQ(help.substr(dp, help.find('\n', dp + 1) - dp).find("not implemented"), std::string::npos);
+  for (const char* name : {"dp", "cp"}) {
+    const size_t line = help.find(std::string("\n  ") + name + " = ");
+    EXPECT_EQ(help.substr(line, help.find('\n', line + 1) - line).find("not implemented"), std::string::npos) << name;
+  }
 }
 
 // The shipped configs load, and with the overrides the docs show.
@@ -459,7 +474,7 @@ TEST(Config, ItemsAndHelp) {
   for (const auto& [k, v] : items)
     if (k == "data.train") found = v == "\"\"";
   EXPECT_TRUE(found);
-  EXPECT_EQ(items.size(), 68u);
+  EXPECT_EQ(items.size(), 69u);
   std::string help = config_help();
   for (const auto& [k, v] : items) {
     std::string name = k.substr(k.find('.') + 1);

@@ -23,7 +23,7 @@ static const char* kBenchTrainHelp =
     "usage: lattice bench train [-c CONFIG] [--set key=value ...] [--steps S] [--warmup W] [--json]\n"
     "\n"
     "Times S training steps (after W untimed warm-up steps) on synthetic tokens.\n"
-    "Under mpiexec with --set parallel.dp=N (and/or parallel.tp=N) it times the parallel\n"
+    "Under mpiexec with --set parallel.dp=N (and/or parallel.tp, cp, pp) it times the parallel\n"
     "job (rank 0 prints: tokens/s of the whole job, this rank's memory by category,\n"
     "communication).\n"
     "Defaults: GPT-2 124M, the config's batch, --steps 5 --warmup 2. Model FLOPs per\n"
@@ -105,7 +105,7 @@ static int bench_train(const std::vector<std::string>& args) {
         "\"comm_bytes_per_step\":%.0f,\"peak_mem_bytes\":%zu,\"params_bytes\":%zu,\"grads_bytes\":%zu,"
         "\"optimizer_bytes\":%zu,\"activations_bytes\":%zu,\"model_state_bytes\":%.0f,\"dp\":%d,\"tp\":%d,"
         "\"sequence_parallel\":%s,\"tp_comm_ms\":%.3f,\"tp_comm_bytes_per_step\":%.0f,"
-        "\"stored_activation_bytes\":%zu,\"pp\":%d,\"schedule\":%s,\"micro_batches\":%d,\"pp_bubble\":%.4f,"
+        "\"stored_activation_bytes\":%zu,\"cp\":%d,\"cp_mode\":\"%s\",\"pp\":%d,\"schedule\":%s,\"micro_batches\":%d,\"pp_bubble\":%.4f,"
         "\"pp_bubble_simulated\":%.4f,\"compute\":\"%s\",\"loss_last\":%.6f,\"cpu\":%s,\"isa\":\"%s\"}\n",
         model::name_of(mc.family), mc.n_layer, mc.n_head, mc.kv_heads(), mc.n_embd, mc.ffn(), mc.vocab_size,
         mc.tie_embeddings ? "true" : "false", static_cast<long long>(mc.num_params() - mc.lookup_params()),
@@ -117,7 +117,8 @@ static int bench_train(const std::vector<std::string>& args) {
         mem.peak(MemCategory::Grads), mem.peak(MemCategory::Optimizer), mem.peak(MemCategory::Activations),
         model_state, dp, cfg.parallel.tp, cfg.parallel.sequence_parallel ? "true" : "false", tp_ms / steps,
         static_cast<double>(tp_bytes) / steps,
-        trainer.model().stored_activation_bytes(cfg.train.micro_batch_size, cfg.model.seq_len), cfg.parallel.pp,
+        trainer.model().stored_activation_bytes(cfg.train.micro_batch_size, cfg.model.seq_len / cfg.parallel.cp),
+        cfg.parallel.cp, cfg.parallel.cp_mode.c_str(), cfg.parallel.pp,
         io::json_quote(cfg.parallel.schedule).c_str(), trainer.micro_batches(), bubble / steps, bubble_sim / steps,
         cfg.precision.compute.c_str(), loss_last, io::json_quote(cpu_info().model).c_str(), isa_name(active_isa()));
   } else {
@@ -134,6 +135,10 @@ static int bench_train(const std::vector<std::string>& args) {
       std::printf("  pipeline %s, %d micro-batches: measured bubble %.1f%%, simulated for the measured costs %.1f%%\n",
                   cfg.parallel.schedule.c_str(), trainer.micro_batches(), 100.0 * bubble / steps,
                   100.0 * bubble_sim / steps);
+    if (cfg.parallel.cp > 1)
+      std::printf("  context parallelism cp=%d (%s): each rank holds %d of the %d tokens of a sequence\n",
+                  cfg.parallel.cp, cfg.parallel.cp_mode.c_str(), cfg.model.seq_len / cfg.parallel.cp,
+                  cfg.model.seq_len);
     if (cfg.parallel.tp > 1)
       std::printf("  tensor-parallel communication %.1f ms/step (%.0f%% of the step), %s sent per rank per step\n",
                   tp_ms / steps, 100.0 * tp_ms / (1e3 * seconds),

@@ -167,6 +167,7 @@ void ContextParallel::ring_forward(float* out, float* lse, const float* qkv, int
       k::attention_block_forward(blk, o.p, o.ld, o.batch, lse_half[p.q_half], started[p.q_half]);
       started[p.q_half] = true;
       step_scores_[step] += pair_scores(p, c) * B * s.NH;
+      if (arriving) arriving->test();  // drives the transfer between blocks (MPI progresses inside its calls)
     }
     if (arriving) arriving->wait();
     std::swap(cur, nxt);
@@ -212,6 +213,7 @@ void ContextParallel::ring_backward(float* dqkv, const float* dout, const float*
                                   B, c, c, s.NH, s.NKV, s.hs, p.causal};
       k::attention_block_backward(blk, d.p, d.ld, d.batch, lse_half[p.q_half], delta_half[p.q_half], dq.p, dkv.p,
                                   dkv.p + s.KV());
+      if (arriving) arriving->test();
     }
     // The accumulator follows its block (the last step: home).
     ring_exchange(dcur, dnxt, block, kKeyValueGrads)->wait();
