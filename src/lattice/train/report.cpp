@@ -7,10 +7,13 @@
 #include "lattice/core/memory.h"
 #include "lattice/core/threads.h"
 #include "lattice/io/metrics.h"
+#include "lattice/layers/context/context_parallel.h"
 #include "lattice/layers/tensor/tensor_parallel.h"
 #include "lattice/parallel/data/data_parallel.h"
 #include "lattice/parallel/pipeline/simulator.h"
 #include "lattice/train/trainer.h"
+
+#include "lattice/layers/context/context_parallel.h"
 
 namespace lattice::train {
 
@@ -116,12 +119,19 @@ void Trainer::print_header() const {
         tp_->size(), tp_->sequence_parallel() ? ", sequence parallel" : "", d.NH, m.n_head, d.F, model_config_.ffn(),
         d.V, any.wte_rows(), m.vocab_size);
   }
-  if (config_.parallel.zero_stage > 0 && config_.parallel.dp == 1)
+  if (cp_) {
+    const int T = config_.model.seq_len;
+    std::printf(
+        "lattice: context parallel over %d ranks (%s): each holds %d of a sequence's %d tokens (chunks of %d, "
+        "the balanced causal split); gradients averaged and ZeRO sharded over dp x cp = %d ranks\n",
+        cp_->size(), context::name_of(cp_->mode()), T / cp_->size(), T, T / (2 * cp_->size()), dp_->ranks());
+  }
+  if (config_.parallel.zero_stage > 0 && config_.parallel.dp * config_.parallel.cp == 1)
     std::printf(
         "lattice: note: parallel.zero_stage=%d with parallel.dp=1 shards over one rank: it runs the "
         "stage's machinery and trains the same model as stage 0%s\n",
         config_.parallel.zero_stage, config_.zero.offload == "disk" ? " (the offload still applies)" : "");
-  if (config_.compression.grad != "none" && config_.parallel.dp == 1)
+  if (config_.compression.grad != "none" && config_.parallel.dp * config_.parallel.cp == 1)
     std::printf(
         "lattice: note: compression.grad=%s with parallel.dp=1: one rank sends no gradients, so nothing "
         "is compressed\n",
