@@ -17,6 +17,11 @@
 //   eval     the val loss before and after 3 steps equals one process's (1e-5).
 //   init     checkpoint.init_from a model file (another seed's initial
 //            weights): the layout trains from it as one process does (same).
+// Every row also runs its layout again with activation recomputation
+// (recompute twin: selective, full, full on the first layer of each stage,
+// selective on every other layer, cycled over the rows) and must equal the
+// row's own run bit for bit: losses, gradient norms and every parameter
+// after the same 10 steps (eval rows: both evaluations).
 // The base recipe (every row): the parity model with 4 layers (L=4, H=4, C=32,
 // V=101, T=16), micro-batches of 2, a global batch of 8 sequences. The family
 // column: "gpt2" (that model) or "llama" (the same shape as a Llama: RMSNorm,
@@ -28,6 +33,8 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <iterator>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -275,22 +282,61 @@ std::string row_name(const char* name) {
   return n;
 }
 
+// A row's place in kRows (GetParam() is a copy).
+size_t index_of(const Row& row) {
+  for (size_t i = 0; i < std::size(kRows); i++)
+    if (std::string(kRows[i].name) == row.name) return i;
+  return 0;
+}
+
+// The recompute twin of row `index`: its layout with one of four policies.
+io::RunConfig recompute_twin(io::RunConfig c, size_t index) {
+  static const char* const kPolicies[][3] = {
+      {"selective", "1", "0"}, {"full", "1", "0"}, {"full", "1", "1"}, {"selective", "2", "0"}};
+  const auto& p = kPolicies[index % 4];
+  c.recompute.mode = p[0];
+  c.recompute.every = std::atoi(p[1]);
+  c.recompute.first = std::atoi(p[2]);
+  return c;
+}
+
+std::string describe_recompute(const io::RunConfig& c) {
+  return "recompute." + c.recompute.mode + " every " + std::to_string(c.recompute.every) + " first " +
+         std::to_string(c.recompute.first);
+}
+
+// The twin's run equals the row's bit for bit.
+void expect_bitwise_run(const RunResult& got, const RunResult& want, const std::string& what) {
+  EXPECT_EQ(got.losses, want.losses) << what;
+  EXPECT_EQ(got.norms, want.norms) << what;
+  EXPECT_TRUE(mpitest::same_params(got, want)) << what << ": parameters differ after " << want.losses.size()
+                                               << " steps";
+}
+
 // Trains (or evaluates) the row's layout on `ranks` and its one process,
-// and checks them as the row says.
-void run_row(const Row& row, const io::RunConfig& c, comm::Communicator& ranks) {
+// and checks them as the row says; then the row's recompute twin.
+void run_row(const Row& row, size_t index, const io::RunConfig& c, comm::Communicator& ranks) {
   const io::RunConfig one = one_process(c);
   const std::string what = row.name;
+  const io::RunConfig twin = recompute_twin(c, index);
+  const std::string twin_what = what + " with " + describe_recompute(twin);
   switch (row.check) {
     case Check::Same:
-    case Check::Init:
-      mpitest::expect_same_run(mpitest::train_run(c, ranks), mpitest::train_run(one, mpitest::self()), what);
+    case Check::Init: {
+      const RunResult got = mpitest::train_run(c, ranks);
+      mpitest::expect_same_run(got, mpitest::train_run(one, mpitest::self()), what);
+      expect_bitwise_run(mpitest::train_run(twin, ranks), got, twin_what);
       break;
-    case Check::Close16:
-      mpitest::expect_close_run_16(mpitest::train_run(c, ranks), mpitest::train_run(one, mpitest::self()),
-                                   mpitest::adam_bound(one), what);
+    }
+    case Check::Close16: {
+      const RunResult got = mpitest::train_run(c, ranks);
+      mpitest::expect_close_run_16(got, mpitest::train_run(one, mpitest::self()), mpitest::adam_bound(one), what);
+      expect_bitwise_run(mpitest::train_run(twin, ranks), got, twin_what);
       break;
+    }
     case Check::Learns: {
       const RunResult got = mpitest::train_run(c, ranks);
+      expect_bitwise_run(mpitest::train_run(twin, ranks), got, twin_what);
       io::RunConfig f32 = one;
       f32.precision = io::RunConfig().precision;
       const RunResult want = mpitest::train_run(f32, mpitest::self());
@@ -312,6 +358,7 @@ void run_row(const Row& row, const io::RunConfig& c, comm::Communicator& ranks) 
       ASSERT_EQ(got.size(), want.size()) << what;
       for (size_t i = 0; i < want.size(); i++)
         EXPECT_NEAR(got[i], want[i], 1e-5 * std::fabs(want[i])) << what << " evaluation " << i;
+      EXPECT_EQ(mpitest::eval_before_and_after(twin, ranks), got) << twin_what;
       break;
     }
   }
@@ -341,7 +388,7 @@ TEST_P(LayoutMatrix, TrainsTheOneProcessModel) {
   // A row that throws (a setting refused) fails here and the next row runs:
   // every rank still meets the others at the barrier below.
   try {
-    if (ranks) run_row(row, c, *ranks);
+    if (ranks) run_row(row, index_of(row), c, *ranks);
   } catch (const std::exception& e) {
     ADD_FAILURE() << row.name << ": " << e.what();
   }
