@@ -36,6 +36,9 @@ TEST(Config, DefaultsMatchTheContract) {
   EXPECT_TRUE(c.precision.dynamic_loss_scale());
   EXPECT_DOUBLE_EQ(c.precision.loss_scale_init, 65536);
   EXPECT_EQ(c.precision.loss_scale_window, 1000);
+  EXPECT_EQ(c.recompute.mode, "none");
+  EXPECT_EQ(c.recompute.every, 1);
+  EXPECT_EQ(c.recompute.first, 0);
   EXPECT_EQ(c.compression.grad, "none");
   EXPECT_TRUE(c.compression.error_feedback);
   EXPECT_EQ(c.checkpoint.keep, 3);
@@ -124,7 +127,7 @@ TEST(Config, UnknownKeysAndSections) {
   EXPECT_ERROR_CONTAINS(parse("[train]\nlr = 0.1\n"), "unknown key 'train.lr'");
   EXPECT_ERROR_CONTAINS(parse("[train]\nlr = 0.1\n"), "did you mean 'optim.lr'?");
   EXPECT_ERROR_CONTAINS(parse("[trian]\nsteps = 1\n"),
-                        "unknown section '[trian]' (valid sections: model, parallel, zero, train, optim, precision, "
+                        "unknown section '[trian]' (valid sections: model, parallel, zero, train, optim, precision, recompute, "
                         "compression, data, checkpoint, log); did you mean '[train]'?");
   EXPECT_ERROR_CONTAINS(parse("steps = 1\n"), "key 'steps' must be inside a section; did you mean 'train.steps'");
   EXPECT_ERROR_CONTAINS(parse("model = 3\n"), "'model' must be a section ([model]), got 3");
@@ -200,6 +203,12 @@ TEST(Config, WrongTypesAndRanges) {
   EXPECT_ERROR_CONTAINS(parse("", {"precision.loss_scale=auto"}),
                         "precision.loss_scale must be \"dynamic\" or a number > 0, got \"auto\"");
   EXPECT_ERROR_CONTAINS(parse("[data]\ntrain = 5\n"), "data.train must be a string, got 5");
+  EXPECT_ERROR_CONTAINS(parse("", {"recompute.mode=some"}),
+                        "recompute.mode must be one of none, selective, full, got \"some\"");
+  EXPECT_ERROR_CONTAINS(parse("", {"recompute.mode=full", "recompute.every=0"}),
+                        "recompute.every must be an integer >= 1, got 0");
+  EXPECT_ERROR_CONTAINS(parse("", {"recompute.mode=full", "recompute.first=-1"}),
+                        "recompute.first must be an integer >= 0, got -1");
   EXPECT_ERROR_CONTAINS(parse("[parallel]\ndp = 0\n"), "parallel.dp must be an integer >= 1, got 0");
   EXPECT_ERROR_CONTAINS(parse("[parallel]\nbucket_mb = 0\n"), "parallel.bucket_mb must be a number > 0, got 0");
 }
@@ -218,6 +227,13 @@ TEST(Config, CrossKeyChecks) {
                         "parallel.sequence_parallel=true needs model.seq_len=1032 / parallel.cp=4 divisible by "
                         "parallel.tp=4");
   EXPECT_ERROR_CONTAINS(parse("", {"parallel.cp=2", "parallel.cp_mode=ulysses"}), "parallel.cp_mode");
+  // recompute.every chooses layers 0, K, 2K, ...: past the last layer it names one that does not exist.
+  EXPECT_EQ(testing::error_of([] { parse("[model]\nn_layer = 4\n", {"recompute.mode=selective", "recompute.every=5"}); }),
+            "recompute.every=5 names a layer that does not exist: it recomputes layers 0, 5, 10, ... and "
+            "model.n_layer=4 has layers 0..3; set recompute.every <= 4");
+  EXPECT_EQ(parse("[model]\nn_layer = 4\n", {"recompute.mode=full", "recompute.every=4", "recompute.first=2"})
+                .recompute,
+            (RecomputeSection{"full", 4, 2}));
   // A later override can repair what an earlier value broke: checks run after all of them.
   EXPECT_NO_THROW(parse("[model]\nn_embd = 100\n", {"model.n_head=10"}));
 }
@@ -324,6 +340,12 @@ const std::vector<ConditionalCase>& conditional_cases() {
       {"checkpoint.keep", "checkpoint.dir is set", "0", {}, {"checkpoint.dir=runs/x"},
        "checkpoint.keep=0 applies only when checkpoint.dir is set: checkpoint.dir is empty, so no checkpoint is "
        "written; set checkpoint.dir, or leave checkpoint.keep at 3"},
+      {"recompute.every", "recompute.mode is not \"none\"", "2", {}, {"recompute.mode=selective"},
+       "recompute.every=2 applies only when recompute.mode is not \"none\": recompute.mode is \"none\", so no "
+       "layer recomputes; set recompute.mode=\"selective\" or \"full\", or leave recompute.every at 1"},
+      {"recompute.first", "recompute.mode is not \"none\"", "1", {}, {"recompute.mode=full"},
+       "recompute.first=1 applies only when recompute.mode is not \"none\": recompute.mode is \"none\", so no "
+       "layer recomputes; set recompute.mode=\"selective\" or \"full\", or leave recompute.first at 0"},
       {"log.trace_file", "parallel.pp > 1", "t.json", {}, {"parallel.pp=2"},
        "log.trace_file=\"t.json\" records the pipeline's timeline: it needs parallel.pp > 1"},
   };
@@ -474,7 +496,7 @@ TEST(Config, ItemsAndHelp) {
   for (const auto& [k, v] : items)
     if (k == "data.train") found = v == "\"\"";
   EXPECT_TRUE(found);
-  EXPECT_EQ(items.size(), 69u);
+  EXPECT_EQ(items.size(), 72u);
   std::string help = config_help();
   for (const auto& [k, v] : items) {
     std::string name = k.substr(k.find('.') + 1);

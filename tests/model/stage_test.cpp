@@ -3,8 +3,9 @@
 // activation forward, input gradient backward) the stages give the whole
 // model's loss and every gradient bitwise — a tied token embedding's as the
 // sum of the first stage's lookup share and the last stage's head share; an
-// untied head lives in the final group of the last stage. On every model
-// variant of model_variants.h (in CTest PipelineStages.X/gpt2, /llama_gqa, ...).
+// untied head lives in the final group of the last stage. Recomputation
+// per stage changes nothing. On every model variant of model_variants.h
+// (in CTest PipelineStages.X/gpt2, /llama_gqa, ...).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "../io/test_util.h"
 #include "lattice/core/error.h"
 #include "lattice/model/gpt.h"
+#include "lattice/model/recompute.h"
 #include "model_variants.h"
 
 using namespace lattice;
@@ -204,6 +206,46 @@ TEST_P(PipelineStages, SplitBackwardInAnyOrderOfWeightPasses) {
     }
     EXPECT_LE(worst, 1e-6 * scale + 1e-12) << a.name();
   }
+}
+
+// Recomputation per stage (model/recompute.h): Megatron's "first N layers
+// of each stage" and every k-th layer over stages cut {0, 1, 3, 4}, fused
+// and split, at f32 and bf16: the stages' losses and gradients are those of
+// the stages without recomputation, bit for bit.
+TEST_P(PipelineStages, RecomputedStagesAreBitIdentical) {
+  const ModelConfig c = config();
+  const std::vector<int> cuts = {0, 1, 3, 4};
+  const RecomputeSpec specs[] = {{Recompute::Full, 1, 1}, {Recompute::Selective, 2, 0}, {Recompute::Full, 1, 0}};
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (bool split : {false, true}) {
+      auto make = [&](const RecomputeSpec* spec) {
+        std::vector<std::unique_ptr<GPT>> stages;
+        for (size_t i = 0; i + 1 < cuts.size(); i++) {
+          stages.push_back(std::make_unique<GPT>(c, 7, nullptr, StageLayers{cuts[i], cuts[i + 1]}));
+          stages.back()->set_compute_dtype(dtype);
+          if (spec) stages.back()->set_recompute(recompute_policy(*spec, cuts[i], cuts[i + 1]));
+        }
+        return stages;
+      };
+      std::vector<std::unique_ptr<GPT>> plain = make(nullptr);
+      const std::vector<float> want = run_stages(plain, 2, split);
+      for (const RecomputeSpec& spec : specs) {
+        const std::string what = std::string(dtype_name(dtype)) + (split ? " split " : " fused ") +
+                                 recompute_name(spec.mode) + " every " + std::to_string(spec.every) + " first " +
+                                 std::to_string(spec.first);
+        std::vector<std::unique_ptr<GPT>> stages = make(&spec);
+        EXPECT_EQ(run_stages(stages, 2, split), want) << what;
+        for (size_t i = 0; i < stages.size(); i++)
+          for (size_t g = 0; g < stages[i]->groups().size(); g++) {
+            ParamGroup &a = stages[i]->groups()[g], &b = plain[i]->groups()[g];
+            for (size_t p = 0; p < a.params().size(); p++) {
+              if (!b.grad_written(p)) continue;  // wpe of the last stage's tied embedding
+              EXPECT_EQ(0, std::memcmp(a.param_grad(p), b.param_grad(p), sizeof(float) * a.params()[p].numel()))
+                  << what << " stage " << i << " " << a.params()[p].name;
+            }
+          }
+      }
+    }
 }
 
 TEST_P(PipelineStages, MisuseIsRefusedWithAMessage) {

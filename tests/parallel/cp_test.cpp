@@ -17,7 +17,10 @@
 #include "equivalence.h"
 #include "lattice/core/error.h"
 #include "lattice/kernels/ops.h"
+#include "lattice/core/memory.h"
 #include "lattice/layers/context/context_parallel.h"
+#include "lattice/model/gpt.h"
+#include "lattice/model/recompute.h"
 #include "mpi_ranks.h"
 
 using namespace lattice;
@@ -202,6 +205,59 @@ TEST(ContextParallel, LossAndNormAreReducedOverTheRightGroupsOnce) {
       }
       if (c.parallel.cp == 1) break;  // cp_mode means nothing there
     }
+}
+
+// Stored activations per layer per rank under context parallelism: a rank
+// keeps its N = b·s/cp tokens' share of what one process keeps
+// (docs/recompute.md's formula at N), and all-to-all one more N×A array (the
+// head-sharded output its backward reads); printed beside Korthikanti et
+// al.'s per-layer figures at s/cp (16-bit, t = 1).
+double stored_formula(model::Recompute r, double e, double N, const model::GPT::Dims& d, bool heads_out) {
+  using model::Recompute;
+  const double C = d.C, R = N;
+  double bytes = 0;
+  switch (r) {
+    case Recompute::None: bytes = e * (4 * R * C + N * (d.QKV + d.A + d.FU + d.F)) + 4 * (4 * R + N * d.NH); break;
+    case Recompute::Selective: bytes = e * (2 * R * C + N * (d.QKV + d.A + d.FU)) + 4 * N * d.NH; break;
+    case Recompute::Full: return e * R * C;
+  }
+  return bytes + (heads_out ? e * N * d.A : 0);
+}
+
+double forward_bytes(model::ModelConfig c, int L, model::Recompute r, ContextParallel& cp, int b, int Tl) {
+  c.n_layer = L;
+  model::GPT gpt(c, 7);
+  gpt.set_context_parallel(&cp);
+  gpt.set_recompute(std::vector<model::Recompute>(L, r));
+  std::vector<int32_t> in(static_cast<size_t>(b) * Tl);
+  for (size_t i = 0; i < in.size(); i++) in[i] = static_cast<int32_t>((i * 7 + 3) % c.vocab_size);
+  const size_t before = MemoryTracker::instance().current(MemCategory::Activations);
+  gpt.forward(0, in.data(), in.data(), b, Tl, 1.0f);
+  return static_cast<double>(MemoryTracker::instance().current(MemCategory::Activations) - before);
+}
+
+TEST(ContextParallel, StoredActivationsPerLayerFollowTheFormula) {
+  comm::Communicator& group = world();
+  const int n = group.size(), b = 2, s = 16 * n, Tl = s / n;
+  model::ModelConfig c = model::ModelConfig::defaults(model::Family::GPT2);
+  c.n_head = 4 * n, c.n_embd = 16 * n, c.vocab_size = 101, c.seq_len = s;
+  const model::GPT::Dims d = model::GPT(c, model::GPT::Unallocated{}).dims();
+  for (Mode mode : {Mode::Ring, Mode::AllToAll}) {
+    ContextParallel cp(group, mode);
+    for (model::Recompute r : {model::Recompute::None, model::Recompute::Selective, model::Recompute::Full}) {
+      const double measured = forward_bytes(c, 3, r, cp, b, Tl) - forward_bytes(c, 2, r, cp, b, Tl);
+      const double formula = stored_formula(r, 4, static_cast<double>(b) * Tl, d, mode == Mode::AllToAll);
+      const double sbh = static_cast<double>(Tl) * b * d.C;
+      const double korthikanti = r == model::Recompute::None ? sbh * (34 + 5.0 * d.NH * Tl / d.C)
+                                 : r == model::Recompute::Selective ? 34 * sbh
+                                                                    : 2 * sbh;
+      if (group.rank() == 0)
+        std::printf("[ cp=%d %s ] %-9s stored per layer per rank: measured %8.0f  formula %8.0f  "
+                    "Korthikanti at s/cp (16-bit) %8.0f\n",
+                    n, context::name_of(mode), model::recompute_name(r), measured, formula, korthikanti);
+      EXPECT_NEAR(measured, formula, 0.05 * formula) << context::name_of(mode) << " " << model::recompute_name(r);
+    }
+  }
 }
 
 TEST(ContextParallel, RefusesWhatItCannotCut) {

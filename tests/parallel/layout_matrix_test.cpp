@@ -25,6 +25,11 @@
 //            attention output differently from one pass, and on the Llama
 //            recipe one weight of a near-zero gradient ends 1.04e-2 away at
 //            cp = 2 and 1.03e-2 at cp = 4 — Adam steps of ±lr flipping.)
+// Every row also runs its layout again with activation recomputation
+// (recompute twin: selective, full, full on the first layer of each stage,
+// selective on every other layer, cycled over the rows) and must equal the
+// row's own run bit for bit: losses, gradient norms and every parameter
+// after the same 10 steps (eval rows: both evaluations).
 // The base recipe (every row): the parity model with 4 layers (L=4, H=4, C=32,
 // V=101, T=16), micro-batches of 2, a global batch of 8 sequences. The family
 // column: "gpt2" (that model) or "llama" (the same shape as a Llama: RMSNorm,
@@ -36,6 +41,8 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <iterator>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -328,23 +335,62 @@ std::string row_name(const char* name) {
   return n;
 }
 
+// A row's place in kRows (GetParam() is a copy).
+size_t index_of(const Row& row) {
+  for (size_t i = 0; i < std::size(kRows); i++)
+    if (std::string(kRows[i].name) == row.name) return i;
+  return 0;
+}
+
+// The recompute twin of row `index`: its layout with one of four policies.
+io::RunConfig recompute_twin(io::RunConfig c, size_t index) {
+  static const char* const kPolicies[][3] = {
+      {"selective", "1", "0"}, {"full", "1", "0"}, {"full", "1", "1"}, {"selective", "2", "0"}};
+  const auto& p = kPolicies[index % 4];
+  c.recompute.mode = p[0];
+  c.recompute.every = std::atoi(p[1]);
+  c.recompute.first = std::atoi(p[2]);
+  return c;
+}
+
+std::string describe_recompute(const io::RunConfig& c) {
+  return "recompute." + c.recompute.mode + " every " + std::to_string(c.recompute.every) + " first " +
+         std::to_string(c.recompute.first);
+}
+
+// The twin's run equals the row's bit for bit.
+void expect_bitwise_run(const RunResult& got, const RunResult& want, const std::string& what) {
+  EXPECT_EQ(got.losses, want.losses) << what;
+  EXPECT_EQ(got.norms, want.norms) << what;
+  EXPECT_TRUE(mpitest::same_params(got, want)) << what << ": parameters differ after " << want.losses.size()
+                                               << " steps";
+}
+
 // Trains (or evaluates) the row's layout on `ranks` and its one process,
-// and checks them as the row says.
-void run_row(const Row& row, const io::RunConfig& c, comm::Communicator& ranks) {
+// and checks them as the row says; then the row's recompute twin.
+void run_row(const Row& row, size_t index, const io::RunConfig& c, comm::Communicator& ranks) {
   const io::RunConfig one = one_process(c);
   const std::string what = row.name;
+  const io::RunConfig twin = recompute_twin(c, index);
+  const std::string twin_what = what + " with " + describe_recompute(twin);
   switch (row.check) {
     case Check::Same:
-    case Check::Init:
-      mpitest::expect_same_run(mpitest::train_run(c, ranks), mpitest::train_run(one, mpitest::self()), what);
+    case Check::Init: {
+      const RunResult got = mpitest::train_run(c, ranks);
+      mpitest::expect_same_run(got, mpitest::train_run(one, mpitest::self()), what);
+      expect_bitwise_run(mpitest::train_run(twin, ranks), got, twin_what);
       break;
-    case Check::Close16:
-      mpitest::expect_close_run_16(mpitest::train_run(c, ranks), mpitest::train_run(one, mpitest::self()),
-                                   mpitest::adam_bound(one), what);
+    }
+    case Check::Close16: {
+      const RunResult got = mpitest::train_run(c, ranks);
+      mpitest::expect_close_run_16(got, mpitest::train_run(one, mpitest::self()), mpitest::adam_bound(one), what);
+      expect_bitwise_run(mpitest::train_run(twin, ranks), got, twin_what);
       break;
+    }
     case Check::Ring16: {
       const RunResult want = mpitest::train_run(one, mpitest::self());
-      const mpitest::Diff d = mpitest::difference(mpitest::train_run(c, ranks), want);
+      const RunResult got = mpitest::train_run(c, ranks);
+      const mpitest::Diff d = mpitest::difference(got, want);
       io::RunConfig c2 = c;
       c2.parallel.cp = 2;
       comm::Communicator* two = ranks.rank() < 2 ? first_ranks(2) : nullptr;
@@ -360,10 +406,12 @@ void run_row(const Row& row, const io::RunConfig& c, comm::Communicator& ranks) 
       EXPECT_LE(d.rms, mpitest::kRmsTol16) << what;
       EXPECT_LE(d.loss, 1.25 * at2[0] + 1e-6) << what << ": the loss moves further from one process than at cp=2";
       EXPECT_LE(d.rms, 1.25 * at2[1] + 1e-6) << what << ": the weights move further from one process than at cp=2";
+      expect_bitwise_run(mpitest::train_run(twin, ranks), got, twin_what);
       break;
     }
     case Check::Learns: {
       const RunResult got = mpitest::train_run(c, ranks);
+      expect_bitwise_run(mpitest::train_run(twin, ranks), got, twin_what);
       io::RunConfig f32 = one;
       f32.precision = io::RunConfig().precision;
       const RunResult want = mpitest::train_run(f32, mpitest::self());
@@ -385,6 +433,7 @@ void run_row(const Row& row, const io::RunConfig& c, comm::Communicator& ranks) 
       ASSERT_EQ(got.size(), want.size()) << what;
       for (size_t i = 0; i < want.size(); i++)
         EXPECT_NEAR(got[i], want[i], 1e-5 * std::fabs(want[i])) << what << " evaluation " << i;
+      EXPECT_EQ(mpitest::eval_before_and_after(twin, ranks), got) << twin_what;
       break;
     }
   }
@@ -415,7 +464,7 @@ TEST_P(LayoutMatrix, TrainsTheOneProcessModel) {
   // A row that throws (a setting refused) fails here and the next row runs:
   // every rank still meets the others at the barrier below.
   try {
-    if (ranks) run_row(row, c, *ranks);
+    if (ranks) run_row(row, index_of(row), c, *ranks);
   } catch (const std::exception& e) {
     ADD_FAILURE() << row.name << ": " << e.what();
   }

@@ -634,6 +634,13 @@ TEST(PipelineTrainer, BadPipelineSettingsAreRefusedByName) {
   has(trainer_error(c, pairs), "lists 1 chunks but the pipeline has 2");
   c.parallel.partition = "2,x";
   has(trainer_error(c, pairs), "'x' is not a number of layers");
+  // recompute.first counts each stage's layers: stage 1 of "3,1" has one.
+  c.parallel.partition = "3,1";
+  c.recompute.mode = "full";
+  c.recompute.first = 2;
+  EXPECT_EQ(trainer_error(c, pairs),
+            "recompute.first=2 names layers that do not exist: pipeline stage 1 has 1 layer (3..3); set "
+            "recompute.first <= 1, or 0 for every layer of each stage");
 
 }
 

@@ -12,7 +12,10 @@
 //  - checkpoints written at tp=2 resume at tp=1 and tp=4 on the same run;
 //  - bytes on the wire per micro-batch against Megatron's counts;
 //  - stored activations per rank against Korthikanti et al.'s formulas,
-//    adjusted to what lattice keeps.
+//    adjusted to what lattice keeps;
+//  - activation recomputation (selective, full) bit-identical to none under
+//    TP and SP, its stored bytes per layer against docs/recompute.md's
+//    formula, and full recomputation's re-run forward collectives counted.
 //
 // Each rank computes the one-process reference itself on a communicator of
 // its own (TrainerOptions::ranks).
@@ -506,7 +509,8 @@ struct Sent {
   uint64_t all_reduce = 0, all_gather = 0, reduce_scatter = 0, calls_ar = 0, calls_ag = 0, calls_rs = 0;
 };
 
-Sent one_micro_batch(comm::Communicator& group, bool sp, int L, int B, int T) {
+Sent one_micro_batch(comm::Communicator& group, bool sp, int L, int B, int T,
+                     model::Recompute mode = model::Recompute::None) {
   model::ModelConfig mc;
   mc.n_layer = L;
   mc.n_head = 4;
@@ -515,6 +519,7 @@ Sent one_micro_batch(comm::Communicator& group, bool sp, int L, int B, int T) {
   mc.seq_len = T;
   tensor::TensorParallel tp(group, sp);
   model::GPT gpt(mc, 5, &tp);
+  gpt.set_recompute(std::vector<model::Recompute>(L, mode));
   std::vector<int32_t> in(B * T), out(B * T);
   for (int i = 0; i < B * T; i++) in[i] = (i * 277) % 1000, out[i] = (i * 111 + 3) % 1000;
   gpt.zero_grad();
@@ -561,6 +566,85 @@ TEST(TensorParallel, BytesOnTheWireAreMegatronsPerLayerCounts) {
     EXPECT_EQ(on.calls_ar, static_cast<uint64_t>(2 * L + 1 + 2)) << "LayerNorm gradients and the loss";
     EXPECT_DOUBLE_EQ(static_cast<double>(on.all_reduce), (2 * L + 1) * 2 * C * 4.0 * ar + loss_ar);
   }
+}
+
+// Recomputation's collectives: selective recomputes norms and an activation
+// function, with no communication; full re-runs each block's forward in its
+// backward, collectives included — 2 all-reduces of S per layer more without
+// SP, 2 all-gathers and 2 reduce-scatters of S per layer more with SP —
+// except for the last layer when the backward follows the forward directly
+// (the one-layer work arrays still hold it): L - 1 layers here.
+TEST(TensorParallel, FullRecomputationRerunsTheForwardsCollectives) {
+  const int B = 2, T = 8, C = 32, L = 3, t = 2;
+  const double S = B * T * C * 4.0, ar = 2.0 * (t - 1) / t, ag = (t - 1.0) / t;
+  comm::Communicator& pairs = groups_of(t);
+  for (bool sp : {false, true}) {
+    const Sent none = one_micro_batch(pairs, sp, L, B, T);
+    const Sent selective = one_micro_batch(pairs, sp, L, B, T, model::Recompute::Selective);
+    const Sent full = one_micro_batch(pairs, sp, L, B, T, model::Recompute::Full);
+    const std::string what = sp ? "SP" : "no SP";
+    EXPECT_EQ(selective.all_reduce, none.all_reduce) << what;
+    EXPECT_EQ(selective.all_gather, none.all_gather) << what;
+    EXPECT_EQ(selective.reduce_scatter, none.reduce_scatter) << what;
+    if (!sp) {
+      EXPECT_EQ(full.calls_ar, none.calls_ar + 2 * (L - 1)) << what;
+      EXPECT_DOUBLE_EQ(static_cast<double>(full.all_reduce - none.all_reduce), 2 * (L - 1) * S * ar) << what;
+    } else {
+      EXPECT_EQ(full.calls_ag, none.calls_ag + 2 * (L - 1)) << what;
+      EXPECT_EQ(full.calls_rs, none.calls_rs + 2 * (L - 1)) << what;
+      EXPECT_EQ(full.calls_ar, none.calls_ar) << what;
+      EXPECT_DOUBLE_EQ(static_cast<double>(full.all_gather - none.all_gather), 2 * (L - 1) * S * ag) << what;
+      EXPECT_DOUBLE_EQ(static_cast<double>(full.reduce_scatter - none.reduce_scatter), 2 * (L - 1) * S * ag)
+          << what;
+    }
+  }
+}
+
+// Recomputation under tensor parallelism, SP off and on, both families, f32
+// and bf16, the fused and the split backward: selective and full give the
+// losses and every gradient of recompute none bit for bit (the re-run
+// forward's collectives sum the same partial products in the same order).
+TEST(TensorParallel, RecomputationIsBitIdentical) {
+  comm::Communicator& pairs = groups_of(2);
+  const int B = 2, T = 8;
+  for (const char* family : {"gpt2", "llama"})
+    for (bool sp : {false, true})
+      for (DType dtype : {DType::F32, DType::BF16})
+        for (bool split : {false, true}) {
+          model::ModelConfig mc = std::string(family) == "llama" ? model::ModelConfig::defaults(model::Family::Llama)
+                                                                 : model::ModelConfig();
+          mc.n_layer = 2, mc.n_head = 4, mc.n_embd = 32, mc.vocab_size = 101, mc.seq_len = T;
+          if (std::string(family) == "llama") mc.n_kv_head = 2, mc.ffn_hidden = 64;
+          auto run = [&](model::Recompute mode) {
+            tensor::TensorParallel tp(pairs, sp);
+            model::GPT gpt(mc, 5, &tp);
+            gpt.set_compute_dtype(dtype);
+            gpt.set_recompute(std::vector<model::Recompute>(mc.n_layer, mode));
+            std::vector<int32_t> in(B * T), out(B * T);
+            std::vector<float> got;
+            gpt.zero_grad();
+            for (int m = 0; m < 2; m++) {
+              for (int i = 0; i < B * T; i++) in[i] = (i * 7 + m) % 101, out[i] = (i * 5 + 3 * m + 1) % 101;
+              got.push_back(gpt.forward(m, in.data(), out.data(), B, T, 0.5f));
+            }
+            for (int m = 2; m-- > 0;) {
+              if (split) {
+                gpt.backward_input(m);
+              } else {
+                gpt.backward(m);
+              }
+            }
+            if (split)
+              for (int m = 0; m < 2; m++) gpt.backward_weight(m);
+            for (model::ParamGroup& g : gpt.groups()) got.insert(got.end(), g.grad(), g.grad() + g.numel());
+            return got;
+          };
+          const std::vector<float> none = run(model::Recompute::None);
+          const std::string what = std::string(family) + (sp ? " SP " : " ") + dtype_name(dtype) +
+                                   (split ? " split" : " fused");
+          EXPECT_EQ(run(model::Recompute::Selective), none) << what << " selective";
+          EXPECT_EQ(run(model::Recompute::Full), none) << what << " full";
+        }
 }
 
 // ---------------------------------------------------- activation memory --
@@ -621,6 +705,54 @@ TEST(TensorParallel, StoredActivationsFollowKorthikantisFormulasAdjusted) {
       EXPECT_NEAR(measured, adjusted, 0.15 * adjusted) << "t=" << t << (sp ? " SP" : "");
     }
   }
+}
+
+// Stored activation bytes per layer per rank under recomputation, measured as
+// above (models of 2 and 1 layers), against docs/recompute.md's formula: e
+// bytes per stored array element (4 here), 4 per statistic, R rows of the
+// residual stream (N, or N/t with SP), widths per rank (qkv 3h/t, atty h/t,
+// fc and its GELU 4h/t each, a/t log-sum-exps):
+//   none       e·(4·R·h + N·12h/t) + 4·(4·R + N·a/t)
+//   selective  e·(2·R·h + N·8h/t)  + 4·N·a/t
+//   full       e·R·h
+// printed beside Korthikanti et al.'s 16-bit figures (with dropout) for the
+// same layout: none sbh(10 + 24/t + 5as/(ht)) or, with SP, sbh(34/t +
+// 5as/(ht)); selective sbh(10 + 24/t) or sbh·34/t; full 2sbh.
+TEST(TensorParallel, StoredActivationsUnderRecomputationFollowTheFormula) {
+  const int B = 2, T = 16, C = 32, H = 4, t = 2;
+  const double N = B * T, h = C, a = H, s = T, e = 4;
+  const bool print = world().rank() == 0;
+  if (print) std::printf("stored activation bytes per layer per rank, b=%d s=%d h=%d a=%d t=%d (fp32)\n", B, T, C, H, t);
+  for (bool sp : {false, true})
+    for (model::Recompute mode : {model::Recompute::None, model::Recompute::Selective, model::Recompute::Full}) {
+      auto per_model = [&](int L) {
+        model::ModelConfig mc;
+        mc.n_layer = L, mc.n_head = H, mc.n_embd = C, mc.vocab_size = 101, mc.seq_len = T;
+        tensor::TensorParallel tp(groups_of(t), sp);
+        model::GPT gpt(mc, 7, &tp);
+        gpt.set_recompute(std::vector<model::Recompute>(L, mode));
+        std::vector<int32_t> in(B * T), out(B * T);
+        for (int i = 0; i < B * T; i++) in[i] = (i * 5) % 101, out[i] = (i * 3 + 1) % 101;
+        const size_t before = MemoryTracker::instance().current(MemCategory::Activations);
+        gpt.forward(0, in.data(), out.data(), B, T, 1.0f);
+        return static_cast<double>(MemoryTracker::instance().current(MemCategory::Activations) - before);
+      };
+      const double measured = per_model(2) - per_model(1);
+      const double R = sp ? N / t : N;
+      const double formula = mode == model::Recompute::None        ? e * (4 * R * h + N * 12 * h / t) + 4 * (4 * R + N * a / t)
+                             : mode == model::Recompute::Selective ? e * (2 * R * h + N * 8 * h / t) + 4 * N * a / t
+                                                                   : e * R * h;
+      const double sbh = s * B * h;
+      const double korthikanti =
+          mode == model::Recompute::None
+              ? (sp ? sbh * (34.0 / t + 5 * a * s / (h * t)) : sbh * (10 + 24.0 / t + 5 * a * s / (h * t)))
+          : mode == model::Recompute::Selective ? (sp ? sbh * 34.0 / t : sbh * (10 + 24.0 / t))
+                                                : 2 * sbh;
+      if (print)
+        std::printf("  t=%d %-3s %-9s measured %7.0f  formula %7.0f  Korthikanti (16-bit) %7.0f\n", t, sp ? "SP" : "",
+                    model::recompute_name(mode), measured, formula, korthikanti);
+      EXPECT_NEAR(measured, formula, 0.05 * formula) << (sp ? "SP " : "") << model::recompute_name(mode);
+    }
 }
 
 // --------------------------------------------------------------- bad input --

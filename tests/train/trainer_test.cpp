@@ -412,6 +412,36 @@ TEST(Trainer, RefusesMeshMismatchAndUnimplementedFeatures) {
             std::string::npos);
 }
 
+// Activation recomputation through lattice train: the same losses and
+// parameters, bit for bit, in every mode, with the fused backward (1F1B) and
+// the split one (ZB-H1); a recompute.first beyond the stage's layers is
+// refused naming the stage.
+TEST(Trainer, RecomputationTrainsBitIdentically) {
+  for (const char* schedule : {"1f1b", "zb-h1"}) {
+    io::RunConfig base = tiny_run();
+    base.parallel.schedule = schedule;
+    auto run = [&](const char* mode, int first) {
+      io::RunConfig c = base;
+      c.recompute.mode = mode;
+      c.recompute.first = first;
+      train::Trainer t(c, {false});
+      std::vector<float> out;
+      for (int s = 0; s < 3; s++) out.push_back(t.train_step().loss);
+      for (model::ParamGroup& g : t.model().groups()) out.insert(out.end(), g.data(), g.data() + g.numel());
+      return out;
+    };
+    const std::vector<float> none = run("none", 0);
+    EXPECT_EQ(run("selective", 0), none) << schedule;
+    EXPECT_EQ(run("full", 1), none) << schedule;
+  }
+  io::RunConfig c = tiny_run();
+  c.recompute.mode = "selective";
+  c.recompute.first = 3;
+  EXPECT_EQ(error_of([&] { train::Trainer t(c, {false}); }),
+            "recompute.first=3 names layers that do not exist: pipeline stage 0 has 2 layers (0..1); set "
+            "recompute.first <= 2, or 0 for every layer of each stage");
+}
+
 // An independent reader: tools/check_checkpoint.py loads the checkpoint's
 // model.safetensors into the PyTorch reference GPT-2 (HF names) and must get
 // the loss lattice gets on the same batch. Needs Debian's python3-torch;

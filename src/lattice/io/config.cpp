@@ -99,8 +99,9 @@ Key by_family(Key k) {
 }
 
 const std::vector<const char*>& section_names() {
-  static const std::vector<const char*> names = {"model", "parallel",    "zero", "train",      "optim",
-                                                 "precision", "compression", "data", "checkpoint", "log"};
+  static const std::vector<const char*> names = {"model",     "parallel",  "zero",        "train",
+                                                 "optim",     "precision", "recompute",   "compression",
+                                                 "data",      "checkpoint", "log"};
   return names;
 }
 
@@ -234,6 +235,17 @@ const std::vector<Key>& keys() {
             "factor on the dynamic scale after loss_scale_window clean steps"),
         key<&R::precision, &PrecisionSection::loss_scale_min>("precision", "loss_scale_min", above(0),
                                                               "the dynamic scale never backs off below this"),
+
+        key<&R::recompute, &RecomputeSection::mode>(
+            "recompute", "mode", one_of({"none", "selective", "full"}),
+            "activation recomputation (docs/recompute.md): none keeps every activation for the backward; selective "
+            "drops the norms' outputs and the MLP's activation, computed again in the backward (elementwise work); "
+            "full keeps only each layer's input and runs its forward again in the backward. Bit-identical results"),
+        key<&R::recompute, &RecomputeSection::every>("recompute", "every", at_least(1),
+                                                     "recompute the layers whose index l has l % every == 0"),
+        key<&R::recompute, &RecomputeSection::first>(
+            "recompute", "first", at_least(0),
+            "recompute only the first N layers of each pipeline stage (0 = all of them)"),
 
         key<&R::compression, &CompressionSection::grad>(
             "compression", "grad", one_of({"none", "bf16", "f16", "int8", "onebit", "topk", "powersgd"}),
@@ -858,6 +870,11 @@ const std::vector<ConditionalRow>& conditional_rows() {
                 " is a static scale: the loss_scale_init/window/backoff/growth/min keys apply to "
                 "loss_scale=\"dynamic\"";
        }},
+      {{"recompute.every", "recompute.first"},
+       "recompute.mode is not \"none\"",
+       [](const RunConfig& c) { return c.recompute.mode != "none"; },
+       [](const RunConfig&) -> std::string { return "recompute.mode is \"none\", so no layer recomputes"; },
+       "set recompute.mode=\"selective\" or \"full\""},
       {{"compression.topk_ratio"},
        "compression.grad = \"topk\"",
        [](const RunConfig& c) { return c.compression.grad == "topk"; },
@@ -971,6 +988,12 @@ void check_cross_keys(const RunConfig& cfg) {
   LATTICE_CHECK(m.seq_len % (2 * cp) == 0, "parallel.cp=" << cp << " cuts each sequence into 2*cp=" << 2 * cp
                                                            << " chunks, but model.seq_len=" << m.seq_len
                                                            << " is not divisible by " << 2 * cp);
+  // (recompute.first against each pipeline stage's layers is the trainer's: it knows the partition.)
+  LATTICE_CHECK(cfg.recompute.every <= m.n_layer,
+                "recompute.every=" << cfg.recompute.every << " names a layer that does not exist: it recomputes layers 0, "
+                                   << cfg.recompute.every << ", " << 2 * cfg.recompute.every
+                                   << ", ... and model.n_layer=" << m.n_layer << " has layers 0.." << m.n_layer - 1
+                                   << "; set recompute.every <= " << m.n_layer);
   if (cfg.parallel.sequence_parallel)
     LATTICE_CHECK((m.seq_len / cp) % tp == 0,
                   "parallel.sequence_parallel=true needs model.seq_len=" << m.seq_len

@@ -125,6 +125,15 @@ struct PrecisionSection {
   bool operator==(const PrecisionSection&) const = default;
 };
 
+// Activation recomputation (model/recompute.h, docs/recompute.md): which
+// layers keep less for their backward and compute the rest again there.
+struct RecomputeSection {
+  std::string mode = "none";  // none | selective | full
+  int every = 1;              // the layers l with l % every == 0 ...
+  int first = 0;              // ... and, when > 0, a stage-local index below first
+  bool operator==(const RecomputeSection&) const = default;
+};
+
 struct CompressionSection {
   std::string grad = "none";  // none | bf16 | f16 | int8 | onebit | topk | powersgd
   bool error_feedback = true;
@@ -163,6 +172,7 @@ struct RunConfig {
   ParallelSection parallel;
   ZeroSection zero;
   PrecisionSection precision;
+  RecomputeSection recompute;
   CompressionSection compression;
   DataSection data;
   CheckpointSection checkpoint;

@@ -8,28 +8,39 @@ namespace lattice::model {
 
 namespace k = lattice::kernels;
 
-// fn(field, elements) for each of a layer's arrays, in carving order;
+using F = LayerField;
+
+// fn(id, field, elements) for each of a layer's arrays, in carving order;
 // field(arrays) is that array's pointer in any LayerArrays<T>.
 template <typename Fn>
 static void for_each_array(const CarveSizes& z, Fn fn) {
   const int64_t RC = z.R * z.C;
-  fn([](auto& a) -> auto& { return a.ln1; }, RC);
-  fn([](auto& a) -> auto& { return a.qkv; }, z.N * z.QKV);
-  fn([](auto& a) -> auto& { return a.atty; }, z.N * z.A);
-  fn([](auto& a) -> auto& { return a.res1; }, RC);
-  fn([](auto& a) -> auto& { return a.ln2; }, RC);
-  fn([](auto& a) -> auto& { return a.fch; }, z.N * z.FU);
-  fn([](auto& a) -> auto& { return a.hid; }, z.N * z.F);
-  fn([](auto& a) -> auto& { return a.heads_out; }, z.N * z.HO);
+  fn(F::Ln1, [](auto& a) -> auto& { return a.ln1; }, RC);
+  fn(F::Qkv, [](auto& a) -> auto& { return a.qkv; }, z.N * z.QKV);
+  fn(F::Atty, [](auto& a) -> auto& { return a.atty; }, z.N * z.A);
+  fn(F::Res1, [](auto& a) -> auto& { return a.res1; }, RC);
+  fn(F::Ln2, [](auto& a) -> auto& { return a.ln2; }, RC);
+  fn(F::Fch, [](auto& a) -> auto& { return a.fch; }, z.N * z.FU);
+  fn(F::Hid, [](auto& a) -> auto& { return a.hid; }, z.N * z.F);
+  fn(F::HeadsOut, [](auto& a) -> auto& { return a.heads_out; }, z.N * z.HO);
 }
 
-// A layer's statistics (f32 whatever the storage).
-static void carve_stats(Carver& cv, const CarveSizes& z, LayerActs* a) {
-  a->ln1_mean = cv.take(z.R);
-  a->ln1_rstd = cv.take(z.R);
-  a->lse = cv.take(z.N * z.NH);
-  a->ln2_mean = cv.take(z.R);
-  a->ln2_rstd = cv.take(z.R);
+// A layer's statistics (f32 whatever the storage), those `present` names.
+template <typename Present>
+static void carve_stats(Carver& cv, const CarveSizes& z, LayerActs* a, Present present) {
+  auto take = [&](F f, int64_t n) { return present(f) ? cv.take(n) : nullptr; };
+  a->ln1_mean = take(F::Ln1Stats, z.R);
+  a->ln1_rstd = take(F::Ln1Stats, z.R);
+  a->lse = take(F::Lse, z.N * z.NH);
+  a->ln2_mean = take(F::Ln2Stats, z.R);
+  a->ln2_rstd = take(F::Ln2Stats, z.R);
+}
+
+// Whether some layer does not store field f (its forward computes it in the work arrays).
+static bool some_layer_drops(const CarveSizes& z, F f) {
+  for (int64_t l = 0; l < z.L; l++)
+    if (!stores(z.policy(l), f)) return true;
+  return false;
 }
 
 template <typename T>
@@ -42,8 +53,9 @@ static int64_t carve_slot(Slot* s, void* base, const CarveSizes& z) {
   std::vector<LayerActs> layers(L);
   std::vector<LayerArrays<T>> arrays(L);
   for (int64_t l = 0; l < L; l++) {
-    for_each_array(z, [&](auto field, int64_t n) { field(arrays[l]) = cv.take<T>(n); });
-    carve_stats(cv, z, &layers[l]);
+    const Recompute r = z.policy(l);
+    for_each_array(z, [&](F f, auto field, int64_t n) { field(arrays[l]) = stores(r, f) ? cv.take<T>(n) : nullptr; });
+    carve_stats(cv, z, &layers[l], [&](F f) { return stores(r, f); });
     if constexpr (f32) static_cast<LayerArrays<float>&>(layers[l]) = arrays[l];
   }
   const int64_t head = z.head ? 1 : 0;
@@ -77,17 +89,23 @@ int64_t carve_activations(Slot* s, void* base, const CarveSizes& z) {
 
 int64_t carve_work16(Work16* w, void* base, const CarveSizes& z, int64_t head_rows) {
   const int64_t C = z.C, N = z.N, R = z.R;
+  const bool b16 = z.store != DType::F32;
+  bool full = false;
+  for (int64_t l = 0; l < z.L; l++) full = full || z.policy(l) == Recompute::Full;
   Carver cv(base);
   LayerActs a{};
-  for_each_array(z, [&](auto field, int64_t n) { field(a) = cv.take(n); });
-  float* x0 = cv.take(R * C);
-  float* x1 = cv.take(R * C);
-  const int64_t head = z.head ? 1 : 0;
+  // 16-bit: every array (a layer computes here, then stores); f32: those some layer does not store.
+  for_each_array(z, [&](F f, auto field, int64_t n) { field(a) = b16 || some_layer_drops(z, f) ? cv.take(n) : nullptr; });
+  carve_stats(cv, z, &a, [&](F f) { return some_layer_drops(z, f); });
+  // x[0]: x_i loaded from 16 bits; x[1]: the output of a layer's forward (full recomputation: discarded).
+  float* x0 = b16 ? cv.take(R * C) : nullptr;
+  float* x1 = b16 || full ? cv.take(R * C) : nullptr;
+  const int64_t head = z.head && b16 ? 1 : 0;
   float* lnf = cv.take(head * N * C);
   float* logits = cv.take(head * head_rows * z.V);
   float* losses = cv.take(head * head_rows);
   if (w) {
-    w->layer = a, w->x[0] = x0, w->x[1] = x1, w->lnf = lnf, w->logits = logits, w->losses = losses;
+    w->own = w->layer = a, w->x[0] = x0, w->x[1] = x1, w->lnf = lnf, w->logits = logits, w->losses = losses;
     w->head_rows = head_rows;
   }
   return cv.used();
@@ -112,7 +130,17 @@ int64_t carve_grads(Slot* s, void* base, const CarveSizes& z, bool split) {
   float* s4 = cv.take(N * z.F);
   float* sc = cv.take(N * z.A);
   float* ln = z.sp ? cv.take(2 * C) : nullptr;
-  if (s) s->dx = dx, s->dlayers = dl, s->dlnf = dlnf, s->scratch4c = s4, s->scratch_c = sc, s->ln_scratch = ln;
+  std::vector<LayerActs> kept(split ? L : 0);
+  for (int64_t l = 0; l < static_cast<int64_t>(kept.size()); l++) {
+    const Recompute r = z.policy(l);
+    if (r == Recompute::None) continue;
+    for_each_array(z, [&](F f, auto field, int64_t n) { field(kept[l]) = kept_for_weight(r, f) ? cv.take(n) : nullptr; });
+    carve_stats(cv, z, &kept[l], [&](F f) { return kept_for_weight(r, f); });
+  }
+  if (s) {
+    s->dx = dx, s->dlayers = dl, s->dlnf = dlnf, s->scratch4c = s4, s->scratch_c = sc, s->ln_scratch = ln;
+    s->kept = std::move(kept);
+  }
   return cv.used();
 }
 
@@ -129,13 +157,17 @@ void prepare_grads(Slot& s, const CarveSizes& now, const CarveSizes& capacity, b
 void store_layer(DType t, const LayerActs& a, const PackedLayer& p, const CarveSizes& z) {
   LayerActs src = a;
   PackedLayer dst = p;
-  for_each_array(z, [&](auto field, int64_t n) { k::store_16bit(t, field(src), field(dst), n); });
+  for_each_array(z, [&](F, auto field, int64_t n) {
+    if (field(dst)) k::store_16bit(t, field(src), field(dst), n);
+  });
 }
 
 void load_layer(DType t, const PackedLayer& p, const LayerActs& a, const CarveSizes& z) {
   PackedLayer src = p;
   LayerActs dst = a;
-  for_each_array(z, [&](auto field, int64_t n) { k::load_16bit(t, field(src), field(dst), n); });
+  for_each_array(z, [&](F, auto field, int64_t n) {
+    if (field(src)) k::load_16bit(t, field(src), field(dst), n);
+  });
 }
 
 }  // namespace lattice::model

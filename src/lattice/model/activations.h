@@ -14,6 +14,7 @@
 
 #include "lattice/core/dtype.h"
 #include "lattice/core/memory.h"
+#include "lattice/model/recompute.h"
 
 namespace lattice::model {
 
@@ -33,6 +34,10 @@ struct CarveSizes {
   bool sp, head;
   DType store = DType::F32;  // of the activations kept (statistics stay f32)
   bool keep_logits = true;   // 16-bit storage: dlogits kept (else recomputed in the backward)
+  // Recomputation of each of the L layers (recompute.h); null: none. A
+  // field a layer does not store is carved as null there.
+  const Recompute* recompute = nullptr;
+  Recompute policy(int64_t l) const { return recompute ? recompute[l] : Recompute::None; }
 };
 
 // What one layer's forward keeps for backward, arrays of element type T
@@ -77,10 +82,17 @@ struct Slot;
 // bits: the layer's forward runs here and is stored rounded; its backward
 // loads it back here. One per model, shared by the slots (one layer
 // computes at a time); `holds` says which slot's layer is loaded.
+// Recomputation uses the same arrays at any storage: what a layer does not
+// store (recompute.h) is computed here, in its forward and again in its
+// backward (at f32 only those arrays are carved, and no head arrays).
 struct Work16 {
   Buffer mem;
   int64_t carved_tokens = 0;         // the micro-batch size the arrays are carved for
-  LayerActs layer{};                 // the f32 arrays (statistics: the slot's)
+  LayerActs own{};                   // the carved arrays (statistics: those some layer does not store)
+  // The layer computing now: each field the split backward's kept copy
+  // (Slot::kept), else the slot's own (f32 storage; statistics), else `own`.
+  LayerActs layer{};
+  bool holds_kept = false;           // `layer` was composed with the slot's kept copy
   float* x[2] = {nullptr, nullptr};  // the residual stream in and out of a layer [R, C]
   float* lnf = nullptr;              // [N, C]
   float* logits = nullptr;           // [head_rows, Vw]
@@ -91,7 +103,9 @@ struct Work16 {
   const Slot* holds_x = nullptr;
   int holds_x_index = -1;
   const Slot* holds_lnf = nullptr;  // whose final norm output `lnf` holds (loaded by lnf_of)
-  void forget() { holds = nullptr, holds_layer = -1, holds_x = nullptr, holds_x_index = -1, holds_lnf = nullptr; }
+  void forget() {
+    holds = nullptr, holds_layer = -1, holds_kept = false, holds_x = nullptr, holds_x_index = -1, holds_lnf = nullptr;
+  }
 };
 
 struct Slot {
@@ -113,6 +127,10 @@ struct Slot {
   // Gradients.
   std::vector<float*> dx;  // dL/dx_0 .. dL/dx_L (split) or two ping-pong buffers (fused)
   std::vector<LayerGrads> dlayers;
+  // Split backward: of each recomputed layer, what backward_input computed
+  // again and backward_weight reads (recompute.h kept_for_weight; f32 at any
+  // storage), carved with the gradients; null fields elsewhere.
+  std::vector<LayerActs> kept;
   float *dlnf, *scratch4c, *scratch_c, *ln_scratch;
   // 16-bit storage: x, the layers' arrays, lnf and dlogits live here instead
   // (s.x, s.lnf and s.logits are then null; s.layers keep the statistics).
@@ -166,13 +184,16 @@ class Carver {
 // s->packed, s->lnf16, s->logits16 (dlogits only where the head keeps them)
 // and s->out32; statistics, losses and SP's work buffer are f32 either way.
 int64_t carve_activations(Slot* s, void* base, const CarveSizes& z);
-// The f32 working arrays of the 16-bit path for N rows (sizes only when w is null).
+// The f32 working arrays of the 16-bit path, or of recomputation at f32,
+// for N rows (sizes only when w is null; 0 at f32 without recomputation).
 int64_t carve_work16(Work16* w, void* base, const CarveSizes& z, int64_t head_rows);
-// The backward's gradients: every layer's (split) or one layer's, reused (fused).
+// The backward's gradients: every layer's (split) or one layer's, reused
+// (fused); split, also what recomputed layers keep from I to W (Slot::kept).
 int64_t carve_grads(Slot* s, void* base, const CarveSizes& z, bool split);
 // Makes sure s's gradient buffers are laid out for the split or fused backward.
 void prepare_grads(Slot& s, const CarveSizes& now, const CarveSizes& capacity, bool split);
-// Between a slot's 16-bit storage and the f32 arrays a layer computes in.
+// Between a slot's 16-bit storage and the f32 arrays a layer computes in
+// (the arrays the slot stores: null ones are skipped).
 void store_layer(DType t, const LayerActs& a, const PackedLayer& p, const CarveSizes& z);
 void load_layer(DType t, const PackedLayer& p, const LayerActs& a, const CarveSizes& z);
 

@@ -49,7 +49,8 @@ GPT::~GPT() = default;
 CarveSizes GPT::sizes_for(int64_t N) const {
   const int64_t heads_out = cp_ && cp_->stores_heads_out() ? dims_.A : 0;
   return {dims_.C, dims_.NH, dims_.A, dims_.QKV, dims_.FU, dims_.F, dims_.V, local_layers(), N, rows(N), heads_out,
-          tp_ && tp_->sequence_parallel(), last_stage(), compute_, !local_head()};
+          tp_ && tp_->sequence_parallel(), last_stage(), compute_, !local_head(),
+          recompute_.empty() ? nullptr : recompute_.data()};
 }
 
 void GPT::set_context_parallel(context::ContextParallel* cp) {
@@ -98,7 +99,7 @@ size_t GPT::stored_activation_bytes(int B, int T) const {
 }
 
 size_t GPT::work16_bytes(int B, int T) const {
-  if (compute_ == DType::F32) return 0;
+  if (compute_ == DType::F32 && recompute_.empty()) return 0;
   const int64_t N = static_cast<int64_t>(B) * T;
   return static_cast<size_t>(carve_work16(nullptr, nullptr, sizes_for(N), head_rows(N)));
 }
@@ -110,6 +111,22 @@ void GPT::set_compute_dtype(DType t) {
   if (t == compute_) return;
   compute_ = t;
   // Every slot is carved again at its next use, in the new storage.
+  slots_.clear();
+  eval_slot_.reset();
+  work16_.reset();
+}
+
+void GPT::set_recompute(std::vector<Recompute> per_layer) {
+  for (const auto& s : slots_)
+    LATTICE_CHECK(!s || !s->has_forward, "set_recompute with a micro-batch in flight");
+  LATTICE_CHECK(per_layer.empty() || per_layer.size() == static_cast<size_t>(local_layers()),
+                "set_recompute: " << per_layer.size() << " entries for the " << local_layers()
+                                  << " layers of stage [" << first_layer_ << ", " << last_layer_ << ")");
+  if (std::all_of(per_layer.begin(), per_layer.end(), [](Recompute r) { return r == Recompute::None; }))
+    per_layer.clear();
+  if (per_layer == recompute_) return;
+  recompute_ = std::move(per_layer);
+  // Every slot and the work arrays are carved again at their next use, for the new policy.
   slots_.clear();
   eval_slot_.reset();
   work16_.reset();
@@ -201,16 +218,53 @@ void GPT::block_forward(ParamGroup& g, const LayerActs& a, const float* x, float
   k::round_to(q, x_next, R * C);
 }
 
-// The f32 arrays of slot s's stage layer l: the slot's own at f32; with
-// 16-bit storage the work arrays, loaded from the slot unless they hold that
-// layer already, with the slot's statistics.
+// The f32 arrays of slot s's stage layer l for its backward: the slot's own
+// at f32; with 16-bit storage the work arrays, loaded from the slot unless
+// they hold that layer already, with the slot's statistics. A recomputed
+// layer (recompute.h) has what it did not store computed again here — in
+// the fused backward and backward_input — into the work arrays, and under
+// the split backward those backward_weight reads into the slot's kept
+// copy, where backward_weight finds them (it recomputes nothing).
 const LayerActs& GPT::layer_acts(Slot& s, int l) {
-  if (s.store == DType::F32) return s.layers[l];
+  const Recompute r = recompute_of(l);
+  if (s.store == DType::F32 && r == Recompute::None) return s.layers[l];
   Work16& w = work16_for(s);
-  if (w.holds == &s && w.holds_layer == l) return w.layer;
-  const LayerActs& a = work_layer(s, l);
-  load_layer(s.store, s.packed[l], a, sizes_for(static_cast<int64_t>(s.B) * s.T));
+  const LayerActs* kept = s.split && r != Recompute::None ? &s.kept[l] : nullptr;
+  if (w.holds == &s && w.holds_layer == l && w.holds_kept == (kept != nullptr)) return w.layer;
+  const LayerActs& a = work_layer(s, l, kept);
+  if (s.store != DType::F32) load_layer(s.store, s.packed[l], a, sizes_for(static_cast<int64_t>(s.B) * s.T));
+  const bool weight_half = s.split && s.has_backward_input;
+  if (r != Recompute::None && !weight_half) recompute_layer(s, l, a);
   return a;
+}
+
+// Stage layer l's fields that slot s's forward did not store, computed again
+// into a by the forward's own calls on the forward's own inputs (x_l, and
+// under selective r_l and fch, stored), so with the same bits.
+void GPT::recompute_layer(Slot& s, int l, const LayerActs& a) {
+  const int C = dims_.C;
+  const int64_t N = static_cast<int64_t>(s.B) * s.T, R = rows(N);
+  const float* x = x_of(s, l);
+  if (recompute_of(l) == Recompute::Full) {
+    // The block's forward again, from x_l (its output, x_{l+1}, is stored: discarded).
+    layer_forward(s, l, a, x, work16_for(s).x[1]);
+    return;
+  }
+  // Selective: block_forward's norm₁ and norm₂ calls and the MLP's activation.
+  ParamGroup& g = block_group(first_layer_ + l);
+  auto w = [&g](size_t i) { return g.compute_param(i); };
+  auto bias = [&](size_t norm) { return norm_.has_bias() ? w(norm + 1) : nullptr; };
+  norm_.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w(layout_.norm1), bias(layout_.norm1), R);
+  k::round_to(compute_, a.ln1, R * C);
+  norm_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, w(layout_.norm2), bias(layout_.norm2), R);
+  k::round_to(compute_, a.ln2, R * C);
+  mlp(g).activation(a.hid, a.fch, N, compute_);
+}
+
+void GPT::layer_forward(Slot& s, int i, const LayerActs& a, const float* x, float* x_next) {
+  const int l = first_layer_ + i;
+  block_forward(block_group(l), a, x, x_next, s.B, s.T, 0, s.work, compute_,
+                [&] { attention(block_group(l)).attend(a.atty, a.lse, a.qkv, a.heads_out, s.B, s.T, DType::F32); });
 }
 
 
@@ -280,10 +334,10 @@ void GPT::forward_body(Slot& s, const int32_t* inputs, const float* input) {
   const CarveSizes z = sizes_for(N);
   for (int i = 0; i < L; i++) {
     const int l = first_layer_ + i;
-    const LayerActs& a = s.store == DType::F32 ? s.layers[i] : work_layer(s, i);
+    const bool own = s.store == DType::F32 && recompute_of(i) == Recompute::None;
+    const LayerActs& a = own ? s.layers[i] : work_layer(s, i);
     params_in(block_index(l), Pass::Forward);
-    block_forward(block_group(l), a, x_buf(s, i), x_buf(s, i + 1), B, T, 0, s.work, compute_,
-                  [&] { attention(block_group(l)).attend(a.atty, a.lse, a.qkv, a.heads_out, B, T, DType::F32); });
+    layer_forward(s, i, a, x_buf(s, i), x_buf(s, i + 1));
     params_out(block_index(l), Pass::Forward);
     if (s.store != DType::F32) store_layer(s.store, a, s.packed[i], z);
     keep_x(s, i + 1);
@@ -338,13 +392,25 @@ void GPT::keep_x(Slot& s, int i) {
   k::store_16bit(s.store, x, s.x16[i], n);
 }
 
-// The work arrays a forward of slot s's layer l computes in (statistics written into the slot).
-const LayerActs& GPT::work_layer(Slot& s, int l) {
+// The arrays slot s's layer l computes in: each field from `kept` (the
+// split backward's copy of a recomputed layer) if it has it, else the
+// slot's own (f32 storage; the statistics at any storage) if it stores it,
+// else the work arrays.
+const LayerActs& GPT::work_layer(Slot& s, int l, const LayerActs* kept) {
   Work16& w = work16_for(s);
-  const LayerActs& stats = s.layers[l];
-  w.layer.ln1_mean = stats.ln1_mean, w.layer.ln1_rstd = stats.ln1_rstd, w.layer.lse = stats.lse;
-  w.layer.ln2_mean = stats.ln2_mean, w.layer.ln2_rstd = stats.ln2_rstd;
-  w.holds = &s, w.holds_layer = l;
+  const LayerActs& mine = s.layers[l];
+  auto pick = [&](float* LayerActs::*field) {
+    float* p = kept ? kept->*field : nullptr;
+    if (!p) p = mine.*field;
+    w.layer.*field = p ? p : w.own.*field;
+  };
+  for (float* LayerActs::*f : {&LayerActs::ln1, &LayerActs::qkv, &LayerActs::atty, &LayerActs::res1,
+                               &LayerActs::ln2, &LayerActs::fch, &LayerActs::hid, &LayerActs::heads_out})
+    pick(f);
+  for (float* LayerActs::*f : {&LayerActs::ln1_mean, &LayerActs::ln1_rstd, &LayerActs::lse, &LayerActs::ln2_mean,
+                               &LayerActs::ln2_rstd})
+    pick(f);
+  w.holds = &s, w.holds_layer = l, w.holds_kept = kept != nullptr;
   w.holds_x = nullptr;  // x_buf is being rewritten
   return w.layer;
 }

@@ -54,6 +54,7 @@
 #include "lattice/model/head.h"
 #include "lattice/model/param_group.h"
 #include "lattice/model/parts/norm.h"
+#include "lattice/model/recompute.h"
 
 namespace lattice::tensor {
 class TensorParallel;
@@ -266,7 +267,21 @@ class GPT {
   // The master weights changed (optimizer step, load): every group makes its
   // compute copy again on its next use. No-op at f32.
   void params_changed();
-  // Bytes of the 16-bit path's f32 work arrays for a B×T micro-batch (0 at f32).
+  // Activation recomputation (model/recompute.h, docs/recompute.md): entry
+  // i for this stage's layer first_layer() + i (local_layers() entries;
+  // empty: none anywhere). What a recomputed layer does not store is computed
+  // in the one-layer work arrays, in its forward and again in its backward,
+  // with the forward's kernels in the forward's order: losses and gradients
+  // are bit-identical to none. A fully recomputed layer's forward runs again
+  // inside the backward's before_params(group, Backward) .. after_params
+  // (ZeRO-3's gather of the block), its tensor-parallel collectives included.
+  // Set before the first forward (slots are carved again).
+  void set_recompute(std::vector<Recompute> per_layer);
+  Recompute recompute_of(int stage_layer) const {
+    return recompute_.empty() ? Recompute::None : recompute_[static_cast<size_t>(stage_layer)];
+  }
+  // Bytes of the one-layer f32 work arrays for a B×T micro-batch: the 16-bit
+  // path's, or at f32 those of recomputation (0 at f32 without it).
   size_t work16_bytes(int B, int T) const;
   int64_t num_params() const { return config_.num_params(); }
   // Bytes of activation memory one micro-batch slot of B×T tokens takes.
@@ -337,7 +352,10 @@ class GPT {
   // 16-bit storage: the f32 views of a slot's activations (see gpt.cpp).
   float* x_buf(Slot& s, int i);
   void keep_x(Slot& s, int i);
-  const LayerActs& work_layer(Slot& s, int l);
+  const LayerActs& work_layer(Slot& s, int l, const LayerActs* kept = nullptr);
+  void recompute_layer(Slot& s, int l, const LayerActs& a);
+  // Stage layer i's training forward on slot s from x into x_next, in a.
+  void layer_forward(Slot& s, int i, const LayerActs& a, const float* x, float* x_next);
   Work16& work16_for(const Slot& s);
   const LayerActs& layer_acts(Slot& s, int l);
   const float* x_of(Slot& s, int i);
@@ -386,6 +404,7 @@ class GPT {
   std::unique_ptr<Slot> eval_slot_;
   std::unique_ptr<DecodeState> decode_;
   DType compute_ = DType::F32;
+  std::vector<Recompute> recompute_;  // per stage layer; empty: none
   std::unique_ptr<Work16> work16_;
   GroupHooks* hooks_ = nullptr;
   std::unique_ptr<TiedEmbedding> own_embedding_;

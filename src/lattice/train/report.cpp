@@ -109,6 +109,20 @@ void Trainer::print_header() const {
         "lattice: precision: f16 compute (weights and stored activations rounded to f16, f32 master "
         "weights, Adam moments, gradients and accumulation); %s\n",
         scaler_.describe().c_str());
+  if (config_.recompute.mode != "none") {
+    // This rank's parts: how many of their layers recompute, and what a micro-batch keeps.
+    int recomputed = 0, layers = 0;
+    size_t stored = 0;
+    for (const auto& part : parts_) {
+      for (int i = 0; i < part->last_layer() - part->first_layer(); i++, layers++)
+        recomputed += part->recompute_of(i) != model::Recompute::None ? 1 : 0;
+      stored += part->stored_activation_bytes(config_.train.micro_batch_size, m.seq_len);
+    }
+    std::printf("lattice: activation recomputation: %s on %d of this rank's %d layers (recompute.every=%d, "
+                "recompute.first=%d); a micro-batch stores %s of activations (docs/recompute.md)\n",
+                config_.recompute.mode.c_str(), recomputed, layers, config_.recompute.every, config_.recompute.first,
+                format_bytes(static_cast<double>(stored)).c_str());
+  }
   if (schedule_.ranks > 1) std::printf("lattice: %s\n", describe_pipeline().c_str());
   if (tp_) {
     const model::GPT& any = *parts_.front();

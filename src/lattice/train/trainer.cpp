@@ -254,6 +254,20 @@ void Trainer::build(uint64_t seed) {
     }
     cut_ = pipeline::explicit_partition(layers, model_config_.n_layer, S, "parallel.partition=\"" + p.partition + "\"");
   }
+  // Activation recomputation: recompute.first counts each stage's layers, so
+  // it is checked against every stage of the partition (on every rank alike).
+  model::RecomputeSpec recompute;
+  recompute.mode = model::recompute_from_name(config_.recompute.mode);
+  recompute.every = config_.recompute.every;
+  recompute.first = config_.recompute.first;
+  for (int s = 0; s < S && recompute.first > 0; s++) {
+    const int layers = cut_[s].last - cut_[s].first;
+    LATTICE_CHECK(recompute.first <= layers,
+                  "recompute.first=" << recompute.first << " names layers that do not exist: pipeline stage " << s
+                                     << " has " << layers << " layer" << (layers == 1 ? "" : "s") << " ("
+                                     << cut_[s].first << ".." << cut_[s].last - 1 << "); set recompute.first <= "
+                                     << layers << ", or 0 for every layer of each stage");
+  }
   // This rank's parts: the stages its pipeline rank runs, each in this TP
   // rank's slices, declared only: the data-parallel engine allocates what
   // the ZeRO stage keeps.
@@ -267,6 +281,7 @@ void Trainer::build(uint64_t seed) {
     parts_.push_back(std::make_unique<model::GPT>(model_config_, model::GPT::Unallocated{}, tp_.get(), layers));
     parts_.back()->set_compute_dtype(compute_);
     parts_.back()->set_context_parallel(cp_.get());
+    parts_.back()->set_recompute(model::recompute_policy(recompute, layers.first_layer, layers.last_layer));
     part_of_stage_[s] = static_cast<int>(parts.size());
     parts.push_back(parts_.back().get());
   }

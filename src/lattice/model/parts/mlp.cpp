@@ -12,12 +12,16 @@ void Mlp::forward(float* y, float* fch, float* hid, const float* ln, float* work
   const int FU = static_cast<int>(this->FU());
   tensor::ColumnParallelLinear(tp_, C_, FU).forward(fch, ln, work, up_.weight(), up_.bias(), N);
   k::round_to(q, fch, N * FU);
+  activation(hid, fch, N, q);
+  tensor::RowParallelLinear(tp_, F_, C_).forward(y, sp ? work : y, hid, down_.weight(), down_.bias(), N);
+}
+
+void Mlp::activation(float* hid, const float* fch, int64_t N, DType q) const {
   if (kind_ == MlpKind::GELU)
     k::gelu_forward(hid, fch, N * F_);
   else
     k::swiglu_forward(hid, fch, N, F_);
   k::round_to(q, hid, N * F_);
-  tensor::RowParallelLinear(tp_, F_, C_).forward(y, sp ? work : y, hid, down_.weight(), down_.bias(), N);
 }
 
 void Mlp::backward_input(float* dln, float* dfch, float* dhid, const float* dy_slice, float* dy_whole,

@@ -36,6 +36,9 @@ class Mlp {
   // takes the gathered input, then the partial product, under SP); fch and
   // hid are kept for the backward, each rounded to q.
   void forward(float* y, float* fch, float* hid, const float* ln, float* work, int64_t N, DType q) const;
+  // hid [N, F] = GELU(fch) or SiLU(gate)·up, rounded to q: forward's step
+  // between the projections (selective recomputation calls it again).
+  void activation(float* hid, const float* fch, int64_t N, DType q) const;
   // From dy (rows(N) rows at dy_slice, gathered in place into dy_whole [N, C]
   // under SP): dhid [N, F] (scratch), dfch [N, FU], and dln [N, C] = dfch ·
   // W_up summed over the group (SP: this rank's rows of the sum in its first rows).
