@@ -207,6 +207,9 @@ void GPT::block_forward(ParamGroup& g, const LayerActs& a, const float* x, float
   attn.project(a.qkv, a.ln1, work, B, T, first_position, q);
   attend();
   k::round_to(q, a.atty, N * dims_.A);
+  // All-to-all context parallelism's head-sharded copy of it, which its
+  // backward reads (the same values, rounded the same way).
+  if (cp_ && cp_->stores_heads_out()) k::round_to(q, a.heads_out, N * dims_.A);
   attn.output(a.res1, sp ? work : a.res1, a.atty, N);
   k::add_inplace(a.res1, x, R * C);
   k::round_to(q, a.res1, R * C);
