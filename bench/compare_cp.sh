@@ -84,7 +84,7 @@ unit = 128 * cp
 print(int((budget * 2**30 - a) / b // unit * unit))' "$p1" "$p2" "$t1" "$t2" "$cp" "$BUDGET_GIB")
     if (( tmax < t1 )); then echo "   cp=$cp: the budget does not hold T=$t1" >&2; continue; fi
     run "mem-cp$cp-fit" "$cp" "$threads" "$tmax" "$cp" ring 1 0
-    printf 'fit\tcp%s\t{"impl":"fit","cp":%s,"t1":%s,"p1":%s,"t2":%s,"p2":%s,"tmax":%s}\n' \
+    printf 'fit-cp%s\t1\t{"impl":"fit","cp":%s,"t1":%s,"p1":%s,"t2":%s,"p2":%s,"tmax":%s}\n' \
       "$cp" "$cp" "$t1" "$p1" "$t2" "$p2" "$tmax" >> "$results"
   done
 fi

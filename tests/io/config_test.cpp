@@ -227,6 +227,16 @@ TEST(Config, CrossKeyChecks) {
                         "parallel.sequence_parallel=true needs model.seq_len=1032 / parallel.cp=4 divisible by "
                         "parallel.tp=4");
   EXPECT_ERROR_CONTAINS(parse("", {"parallel.cp=2", "parallel.cp_mode=ulysses"}), "parallel.cp_mode");
+  // All-to-all needs whole query and key/value heads per cp rank.
+  EXPECT_NO_THROW(parse("", {"parallel.cp=4", "parallel.cp_mode=all_to_all"}));  // 12 heads
+  EXPECT_ERROR_CONTAINS(parse("", {"parallel.cp=8", "parallel.cp_mode=all_to_all"}),
+                        "parallel.cp_mode=\"all_to_all\" gives each of the parallel.cp=8 ranks whole heads, but each "
+                        "tensor-parallel rank has 12 query heads (model.n_head=12 / parallel.tp=1) and 12 key/value "
+                        "heads (model.n_kv_head=12)");
+  EXPECT_ERROR_CONTAINS(parse("", {"model.family=llama", "model.n_kv_head=2", "parallel.cp=4",
+                                   "parallel.cp_mode=all_to_all"}),
+                        "and 2 key/value heads (model.n_kv_head=2)");
+  EXPECT_NO_THROW(parse("", {"model.family=llama", "model.n_kv_head=2", "parallel.cp=4"}));  // the ring
   // recompute.every chooses layers 0, K, 2K, ...: past the last layer it names one that does not exist.
   EXPECT_EQ(testing::error_of([] { parse("[model]\nn_layer = 4\n", {"recompute.mode=selective", "recompute.every=5"}); }),
             "recompute.every=5 names a layer that does not exist: it recomputes layers 0, 5, 10, ... and "

@@ -984,6 +984,19 @@ void check_cross_keys(const RunConfig& cfg) {
                                             << " must be <= precision.loss_scale_init="
                                             << format_double(pr.loss_scale_init));
   const int cp = cfg.parallel.cp;
+  // All-to-all context parallelism gives each cp rank whole heads of this
+  // tp rank's: its query heads, and its key/value heads (each kept whole on
+  // several tp ranks when tp exceeds them, model/parts/attention.h).
+  if (cp > 1 && cfg.parallel.cp_mode == "all_to_all" && m.n_head % tp == 0) {
+    const int kv = m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
+    const int q_here = m.n_head / tp, kv_here = tp <= kv ? kv / tp : 1;
+    LATTICE_CHECK(q_here % cp == 0 && kv_here % cp == 0,
+                  "parallel.cp_mode=\"all_to_all\" gives each of the parallel.cp="
+                      << cp << " ranks whole heads, but each tensor-parallel rank has " << q_here
+                      << " query heads (model.n_head=" << m.n_head << " / parallel.tp=" << tp << ") and " << kv_here
+                      << " key/value heads (model.n_kv_head=" << kv << "); use parallel.cp_mode=\"ring\", or a "
+                      << "parallel.cp dividing both");
+  }
   // Context parallelism cuts each sequence into 2·cp chunks (layers/context).
   LATTICE_CHECK(m.seq_len % (2 * cp) == 0, "parallel.cp=" << cp << " cuts each sequence into 2*cp=" << 2 * cp
                                                            << " chunks, but model.seq_len=" << m.seq_len

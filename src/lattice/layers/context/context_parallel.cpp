@@ -229,89 +229,108 @@ void ContextParallel::ring_backward(float* dqkv, const float* dout, const float*
 
 // ---------------------------------------------------------------- all-to-all
 
-// Rank j's local row t of a sequence is global row position_j(t): rows of
-// the head-sharded arrays [B, T, w] are global positions.
+namespace {
+
+// The four reshuffles of the all-to-all mode. A sequence-sharded row here
+// holds every head: [Q: NH·hs | K: NKV·hs | V: NKV·hs] (qkv, dqkv), or Q's
+// part only (out, dout: nkv = 0 below). Rank d's share of a row is its heads:
+// query heads [d·nh, (d+1)·nh) and key/value heads [d·nkv, (d+1)·nkv), W
+// values. Blocks of the all-to-all's buffers are [rows, W], one per rank.
+struct HeadSplit {
+  int n, nh, nkv, hs;         // ranks; heads per rank; head size
+  int64_t NH, NKV;            // heads of a whole row (nkv = 0: no K/V part)
+  int64_t W() const { return static_cast<int64_t>(nh + 2 * nkv) * hs; }
+  int64_t row() const { return (NH + 2 * NKV) * hs; }
+  // fn(offset in the whole row, offset in rank d's share, values) for each part.
+  template <typename Fn>
+  void parts(int d, Fn fn) const {
+    fn(static_cast<int64_t>(d) * nh * hs, 0, static_cast<int64_t>(nh) * hs);
+    if (nkv == 0) return;
+    const int64_t kv = static_cast<int64_t>(nkv) * hs;
+    fn(NH * hs + d * kv, static_cast<int64_t>(nh) * hs, kv);
+    fn(NH * hs + NKV * hs + d * kv, static_cast<int64_t>(nh) * hs + kv, kv);
+  }
+};
+
+// blocks[d] ← rank d's heads of each of `rows` whole rows.
+void split_heads(float* blocks, const float* whole, int64_t rows, const HeadSplit& h) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; i++)
+    for (int d = 0; d < h.n; d++)
+      h.parts(d, [&](int64_t at, int64_t to, int64_t len) {
+        std::memcpy(blocks + (d * rows + i) * h.W() + to, whole + i * h.row() + at, sizeof(float) * len);
+      });
+}
+
+// whole rows ← each rank's heads from blocks[d] (the inverse).
+void join_heads(float* whole, const float* blocks, int64_t rows, const HeadSplit& h) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; i++)
+    for (int d = 0; d < h.n; d++)
+      h.parts(d, [&](int64_t at, int64_t to, int64_t len) {
+        std::memcpy(whole + i * h.row() + at, blocks + (d * rows + i) * h.W() + to, sizeof(float) * len);
+      });
+}
+
+// Head-sharded arrays [B, T, w] are in global positions; block j of an
+// all-to-all holds rank j's rows [B, T_local, w] (rank j's local row t is
+// global position_of(n, j, t)). to_positions: arrays ← blocks; from_positions: blocks ← arrays.
+void to_positions(float* array, const float* blocks, int n, int B, int T_local, int64_t w) {
+  const int64_t rows = static_cast<int64_t>(B) * T_local, T = static_cast<int64_t>(T_local) * n;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int j = 0; j < n; j++)
+    for (int64_t i = 0; i < rows; i++) {
+      const int64_t b = i / T_local, pos = position_of(n, j, static_cast<int>(i % T_local), T_local);
+      std::memcpy(array + (b * T + pos) * w, blocks + (j * rows + i) * w, sizeof(float) * w);
+    }
+}
+void from_positions(float* blocks, const float* array, int n, int B, int T_local, int64_t w) {
+  const int64_t rows = static_cast<int64_t>(B) * T_local, T = static_cast<int64_t>(T_local) * n;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int j = 0; j < n; j++)
+    for (int64_t i = 0; i < rows; i++) {
+      const int64_t b = i / T_local, pos = position_of(n, j, static_cast<int>(i % T_local), T_local);
+      std::memcpy(blocks + (j * rows + i) * w, array + (b * T + pos) * w, sizeof(float) * w);
+    }
+}
+
+}  // namespace
+
+// Forward: Q/K/V to head-sharded (split by heads, all-to-all, to global
+// positions), the causal kernel on this rank's heads, and the output back
+// (from positions, all-to-all, joined by heads). The backward mirrors it.
 void ContextParallel::a2a_forward(float* out, float* lse, float* qkv, float* heads_out, int B, int T_local,
                                   const HeadShape& s) {
   const int n = size(), T = T_local * n;
-  const int nh = s.NH / n, nkv = s.NKV / n, hs = s.hs;
-  const int64_t W = static_cast<int64_t>(nh + 2 * nkv) * hs, Wo = static_cast<int64_t>(nh) * hs;
-  const int64_t rows = static_cast<int64_t>(B) * T_local, QKV = s.QKV(), A = s.A(), KV = s.KV();
-  float* send = scratch(0, rows * QKV, MemCategory::Comm);
-  float* recv = scratch(1, rows * QKV, MemCategory::Comm);
-  // To rank d: its query heads [d·nh, (d+1)·nh), key and value heads [d·nkv, (d+1)·nkv) of every row here.
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows; i++) {
-    const float* row = qkv + i * QKV;
-    for (int d = 0; d < n; d++) {
-      float* to = send + (d * rows + i) * W;
-      std::memcpy(to, row + d * Wo, sizeof(float) * Wo);
-      std::memcpy(to + Wo, row + A + d * nkv * hs, sizeof(float) * nkv * hs);
-      std::memcpy(to + Wo + nkv * hs, row + A + KV + d * nkv * hs, sizeof(float) * nkv * hs);
-    }
-  }
-  group_.all_to_all(send, recv, static_cast<size_t>(rows * W), DType::F32);
-  // From rank j: its rows, to their global positions.
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int j = 0; j < n; j++)
-    for (int64_t i = 0; i < rows; i++) {
-      const int64_t b = i / T_local, pos = position_of(n, j, static_cast<int>(i % T_local), T_local);
-      std::memcpy(qkv + (b * T + pos) * W, recv + (j * rows + i) * W, sizeof(float) * W);
-    }
-  k::attention_forward(heads_out, lse, qkv, B, T, nh, nkv, hs);
-  // Back: to rank j, the output rows at its positions; from rank i, its heads' columns.
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int j = 0; j < n; j++)
-    for (int64_t i = 0; i < rows; i++) {
-      const int64_t b = i / T_local, pos = position_of(n, j, static_cast<int>(i % T_local), T_local);
-      std::memcpy(send + (j * rows + i) * Wo, heads_out + (b * T + pos) * Wo, sizeof(float) * Wo);
-    }
-  group_.all_to_all(send, recv, static_cast<size_t>(rows * Wo), DType::F32);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows; i++)
-    for (int h = 0; h < n; h++) std::memcpy(out + i * A + h * Wo, recv + (h * rows + i) * Wo, sizeof(float) * Wo);
+  const HeadSplit all{n, s.NH / n, s.NKV / n, s.hs, s.NH, s.NKV}, q{n, s.NH / n, 0, s.hs, s.NH, 0};
+  const int64_t rows = static_cast<int64_t>(B) * T_local;
+  float* send = scratch(0, rows * s.QKV(), MemCategory::Comm);
+  float* recv = scratch(1, rows * s.QKV(), MemCategory::Comm);
+  split_heads(send, qkv, rows, all);
+  group_.all_to_all(send, recv, static_cast<size_t>(rows * all.W()), DType::F32);
+  to_positions(qkv, recv, n, B, T_local, all.W());  // qkv now holds [B, T, W]: this rank's heads, every position
+  k::attention_forward(heads_out, lse, qkv, B, T, all.nh, all.nkv, s.hs);
+  from_positions(send, heads_out, n, B, T_local, q.W());
+  group_.all_to_all(send, recv, static_cast<size_t>(rows * q.W()), DType::F32);
+  join_heads(out, recv, rows, q);
 }
 
 void ContextParallel::a2a_backward(float* dqkv, const float* dout, const float* qkv, const float* heads_out,
                                    const float* lse, int B, int T_local, const HeadShape& s) {
   const int n = size(), T = T_local * n;
-  const int nh = s.NH / n, nkv = s.NKV / n, hs = s.hs;
-  const int64_t W = static_cast<int64_t>(nh + 2 * nkv) * hs, Wo = static_cast<int64_t>(nh) * hs;
-  const int64_t rows = static_cast<int64_t>(B) * T_local, QKV = s.QKV(), A = s.A(), KV = s.KV();
-  float* send = scratch(0, rows * QKV, MemCategory::Comm);
-  float* recv = scratch(1, rows * QKV, MemCategory::Comm);
-  float* dout_heads = scratch(2, rows * Wo * n, MemCategory::Workspace);  // [B, T, Wo]
-  float* dqkv_heads = scratch(3, rows * W * n, MemCategory::Workspace);   // [B, T, W]
-  // dout to head-sharded: to rank h its heads' columns; from rank j its rows.
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows; i++)
-    for (int h = 0; h < n; h++) std::memcpy(send + (h * rows + i) * Wo, dout + i * A + h * Wo, sizeof(float) * Wo);
-  group_.all_to_all(send, recv, static_cast<size_t>(rows * Wo), DType::F32);
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int j = 0; j < n; j++)
-    for (int64_t i = 0; i < rows; i++) {
-      const int64_t b = i / T_local, pos = position_of(n, j, static_cast<int>(i % T_local), T_local);
-      std::memcpy(dout_heads + (b * T + pos) * Wo, recv + (j * rows + i) * Wo, sizeof(float) * Wo);
-    }
-  k::attention_backward(dqkv_heads, dout_heads, qkv, heads_out, lse, B, T, nh, nkv, hs);
-  // Back to sequence-sharded: to rank j its rows; from rank d its heads, into Q, K and V columns.
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int j = 0; j < n; j++)
-    for (int64_t i = 0; i < rows; i++) {
-      const int64_t b = i / T_local, pos = position_of(n, j, static_cast<int>(i % T_local), T_local);
-      std::memcpy(send + (j * rows + i) * W, dqkv_heads + (b * T + pos) * W, sizeof(float) * W);
-    }
-  group_.all_to_all(send, recv, static_cast<size_t>(rows * W), DType::F32);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows; i++) {
-    float* row = dqkv + i * QKV;
-    for (int d = 0; d < n; d++) {
-      const float* from = recv + (d * rows + i) * W;
-      std::memcpy(row + d * Wo, from, sizeof(float) * Wo);
-      std::memcpy(row + A + d * nkv * hs, from + Wo, sizeof(float) * nkv * hs);
-      std::memcpy(row + A + KV + d * nkv * hs, from + Wo + nkv * hs, sizeof(float) * nkv * hs);
-    }
-  }
+  const HeadSplit all{n, s.NH / n, s.NKV / n, s.hs, s.NH, s.NKV}, q{n, s.NH / n, 0, s.hs, s.NH, 0};
+  const int64_t rows = static_cast<int64_t>(B) * T_local;
+  float* send = scratch(0, rows * s.QKV(), MemCategory::Comm);
+  float* recv = scratch(1, rows * s.QKV(), MemCategory::Comm);
+  float* dout_heads = scratch(2, rows * s.A(), MemCategory::Workspace);    // [B, T, nh·hs]
+  float* dqkv_heads = scratch(3, rows * s.QKV(), MemCategory::Workspace);  // [B, T, W]
+  split_heads(send, dout, rows, q);
+  group_.all_to_all(send, recv, static_cast<size_t>(rows * q.W()), DType::F32);
+  to_positions(dout_heads, recv, n, B, T_local, q.W());
+  k::attention_backward(dqkv_heads, dout_heads, qkv, heads_out, lse, B, T, all.nh, all.nkv, s.hs);
+  from_positions(send, dqkv_heads, n, B, T_local, all.W());
+  group_.all_to_all(send, recv, static_cast<size_t>(rows * all.W()), DType::F32);
+  join_heads(dqkv, recv, rows, all);
 }
 
 }  // namespace lattice::context
