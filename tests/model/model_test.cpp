@@ -33,6 +33,7 @@ using lattice::model::ParamGroup;
 using lattice::model::ParamInfo;
 using lattice::model::PositionKind;
 using lattice::model::testing::as_variant;
+using lattice::model::testing::random_tokens;
 using lattice::model::testing::Variant;
 // The value-parametrized suite below is named GPT (its tests keep their
 // names: GPT.DecodeMatchesFullForward/gpt2 in CTest, /0 in gtest), so the
@@ -514,13 +515,6 @@ TEST(ParamInit, LlamaShardedSlicesMatchTheFullTensor) {
         EXPECT_EQ(checked, t * static_cast<int>(shapes_of(full).size())) << what;
         for (auto& part : parts) EXPECT_EQ(shapes_of(*part).size(), shapes_of(full).size()) << what;
       }
-}
-
-static std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng.next_below(vocab));
-  return t;
 }
 
 static std::vector<std::vector<float>> grads_of(Model& gpt) {

@@ -19,8 +19,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <ostream>
+#include <vector>
 
+#include "lattice/core/rng.h"
 #include "lattice/model/config.h"
 
 namespace lattice::model::testing {
@@ -35,6 +38,27 @@ inline const char* variant_name(Variant v) {
     case Variant::LlamaMixed: return "llama_mixed";
   }
   return "?";
+}
+
+// n token ids below `vocab`, drawn from `seed`.
+inline std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng.next_below(vocab));
+  return t;
+}
+
+// A GPT-2 shape of four layers (H=4, C=32, V=101, T=16): enough layers for a
+// pipeline's stages and for recomputation's "first N" and "every k" to choose
+// some layers and not others.
+inline ModelConfig four_layers() {
+  ModelConfig c;
+  c.n_layer = 4;
+  c.n_head = 4;
+  c.n_embd = 32;
+  c.vocab_size = 101;
+  c.seq_len = 16;
+  return c;
 }
 
 // `shape` (n_layer, n_head, n_embd, vocab_size, seq_len of a GPT-2 config) as variant v.

@@ -16,38 +16,25 @@
 #include "lattice/core/dtype.h"
 #include "lattice/core/error.h"
 #include "lattice/core/memory.h"
-#include "lattice/core/rng.h"
 #include "lattice/model/gpt.h"
 #include "lattice/model/recompute.h"
 #include "lattice/optim/adamw.h"
+#include "activation_formulas.h"
 #include "model_variants.h"
 
 using namespace lattice;
 using namespace lattice::model;
 using lattice::model::testing::as_variant;
+using lattice::model::testing::korthikanti_bytes;
+using lattice::model::testing::stored_bytes_per_layer;
+using lattice::model::testing::widths_of;
+using lattice::model::testing::four_layers;
+using lattice::model::testing::random_tokens;
 using lattice::model::testing::Variant;
 
 namespace {
 
-// Four layers, so that "first N" and "every k" choose some layers and not others.
-ModelConfig shape() {
-  ModelConfig c;
-  c.n_layer = 4;
-  c.n_head = 4;
-  c.n_embd = 32;
-  c.vocab_size = 101;
-  c.seq_len = 16;
-  return c;
-}
-
 constexpr int B = 4, T = 16;
-
-std::vector<int32_t> tokens(int n, int vocab, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng.next_below(vocab));
-  return t;
-}
 
 struct Policy {
   const char* name;
@@ -83,8 +70,10 @@ Trace train(const ModelConfig& c, DType dtype, bool split, const std::vector<Rec
   optim::AdamW opt(gpt.groups(), optim::AdamWConfig{0.9f, 0.95f, 1e-8f, 0.1f});
   Trace t;
   for (int step = 0; step < 3; step++) {
-    const auto in0 = tokens(B * T, c.vocab_size, 10 * step + 1), tg0 = tokens(B * T, c.vocab_size, 10 * step + 2);
-    const auto in1 = tokens(B * T, c.vocab_size, 10 * step + 3), tg1 = tokens(B * T, c.vocab_size, 10 * step + 4);
+    const auto in0 = random_tokens(B * T, c.vocab_size, 10 * step + 1);
+    const auto tg0 = random_tokens(B * T, c.vocab_size, 10 * step + 2);
+    const auto in1 = random_tokens(B * T, c.vocab_size, 10 * step + 3);
+    const auto tg1 = random_tokens(B * T, c.vocab_size, 10 * step + 4);
     gpt.zero_grad();
     t.losses.push_back(gpt.forward(0, in0.data(), tg0.data(), B, T, 0.5f));
     t.losses.push_back(gpt.forward(1, in1.data(), tg1.data(), B, T, 0.5f));
@@ -120,7 +109,7 @@ void expect_bitwise(const Trace& got, const Trace& want, const std::string& what
 
 class Recomputation : public ::testing::TestWithParam<Variant> {
  protected:
-  static ModelConfig config() { return as_variant(shape(), GetParam()); }
+  static ModelConfig config() { return as_variant(four_layers(), GetParam()); }
 };
 INSTANTIATE_TEST_SUITE_P(, Recomputation, lattice::model::testing::kAllVariants);
 
@@ -141,7 +130,7 @@ TEST_P(Recomputation, EveryPolicyTrainsBitIdenticallyToNone) {
 // the one-layer work arrays): the weight half reads what the input half kept.
 TEST_P(Recomputation, SplitBackwardKeepsWhatTheWeightHalfNeeds) {
   const ModelConfig c = config();
-  const auto in = tokens(B * T, c.vocab_size, 61), tg = tokens(B * T, c.vocab_size, 62);
+  const auto in = random_tokens(B * T, c.vocab_size, 61), tg = random_tokens(B * T, c.vocab_size, 62);
   for (DType dtype : {DType::F32, DType::BF16})
     for (Recompute mode : {Recompute::Selective, Recompute::Full}) {
       const std::string what = std::string(dtype_name(dtype)) + " " + recompute_name(mode);
@@ -164,7 +153,7 @@ TEST_P(Recomputation, SplitBackwardKeepsWhatTheWeightHalfNeeds) {
 
 TEST_P(Recomputation, EvaluationIsUnchanged) {
   const ModelConfig c = config();
-  const auto in = tokens(B * T, c.vocab_size, 71), tg = tokens(B * T, c.vocab_size, 72);
+  const auto in = random_tokens(B * T, c.vocab_size, 71), tg = random_tokens(B * T, c.vocab_size, 72);
   GPT a(c, 3), b(c, 3);
   b.set_recompute(std::vector<Recompute>(c.n_layer, Recompute::Full));
   EXPECT_EQ(a.evaluate(in.data(), tg.data(), B, T), b.evaluate(in.data(), tg.data(), B, T));
@@ -186,43 +175,14 @@ TEST(RecomputePolicy, ChoosesLayersAndRefusesMisuse) {
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "recompute.mode must be one of none, selective, full, got \"some\"");
   }
-  GPT gpt(shape(), 1);
+  GPT gpt(four_layers(), 1);
   EXPECT_THROW(gpt.set_recompute(std::vector<R>(3, R::Full)), Error) << "3 entries for 4 layers";
-  const auto in = tokens(B * T, 101, 1);
+  const auto in = random_tokens(B * T, 101, 1);
   gpt.forward(0, in.data(), in.data(), B, T, 1.0f);
   EXPECT_THROW(gpt.set_recompute(std::vector<R>(4, R::Full)), Error) << "a micro-batch in flight";
 }
 
 // ------------------------------------------------------------------ memory --
-
-// What one slot stores per layer, in bytes, from docs/recompute.md's table:
-// e bytes per stored array element (4 at f32, 2 at 16-bit), 4 per statistic;
-// R = rows of the residual stream (N, or N/t with sequence parallelism),
-// N = B·T tokens (this rank's: context parallelism divides them), widths C,
-// QKV, A, FU, F and heads NH this rank's.
-//   none       e·(4·R·C + N·(QKV + A + FU + F)) + 4·(4·R + N·NH)
-//   selective  e·(2·R·C + N·(QKV + A + FU))     + 4·N·NH
-//   full       e·R·C
-double formula_bytes(Recompute r, double e, double N, double R, double C, double QKV, double A, double FU, double F,
-                     double NH) {
-  switch (r) {
-    case Recompute::None: return e * (4 * R * C + N * (QKV + A + FU + F)) + 4 * (4 * R + N * NH);
-    case Recompute::Selective: return e * (2 * R * C + N * (QKV + A + FU)) + 4 * N * NH;
-    case Recompute::Full: return e * R * C;
-  }
-  return 0;
-}
-
-// Korthikanti et al. (2022), per layer, 16-bit activations with dropout:
-// none sbh(34 + 5as/h), selective 34sbh, full 2sbh (t = 1).
-double korthikanti_bytes(Recompute r, double s, double b, double h, double a) {
-  switch (r) {
-    case Recompute::None: return s * b * h * (34 + 5 * a * s / h);
-    case Recompute::Selective: return 34 * s * b * h;
-    case Recompute::Full: return 2 * s * b * h;
-  }
-  return 0;
-}
 
 // Activation bytes a training forward of one micro-batch leaves allocated
 // (the slot, its tokens, and the one-layer work arrays), on a model of L
@@ -232,7 +192,7 @@ double forward_bytes(ModelConfig c, int L, DType dtype, Recompute r, int b, int 
   GPT gpt(c, 7);
   gpt.set_compute_dtype(dtype);
   gpt.set_recompute(std::vector<Recompute>(L, r));
-  const auto in = tokens(b * s, c.vocab_size, 1);
+  const auto in = random_tokens(b * s, c.vocab_size, 1);
   const size_t before = MemoryTracker::instance().current(MemCategory::Activations);
   gpt.forward(0, in.data(), in.data(), b, s, 1.0f);
   const size_t after = MemoryTracker::instance().current(MemCategory::Activations);
@@ -255,7 +215,7 @@ TEST_P(Recomputation, StoredBytesPerLayerFollowTheFormula) {
     const double e = dtype == DType::F32 ? 4 : 2;
     for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
       const double measured = forward_bytes(c, 3, dtype, r, b, s) - forward_bytes(c, 2, dtype, r, b, s);
-      const double formula = formula_bytes(r, e, N, N, d.C, d.QKV, d.A, d.FU, d.F, d.NH);
+      const double formula = stored_bytes_per_layer(r, e, N, N, widths_of(d));
       if (GetParam() == Variant::GPT2)
         std::printf("  %-4s %-9s measured %8.0f  formula %8.0f  Korthikanti (16-bit) %8.0f\n", dtype_name(dtype),
                     recompute_name(r), measured, formula, korthikanti_bytes(r, s, b, d.C, d.NH));

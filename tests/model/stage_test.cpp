@@ -24,19 +24,10 @@
 using namespace lattice;
 using namespace lattice::model;
 using lattice::model::testing::as_variant;
+using lattice::model::testing::four_layers;
 using lattice::model::testing::Variant;
 
 namespace {
-
-ModelConfig tiny() {
-  ModelConfig c;
-  c.n_layer = 4;
-  c.n_head = 4;
-  c.n_embd = 32;
-  c.vocab_size = 101;
-  c.seq_len = 16;
-  return c;
-}
 
 constexpr int B = 2, T = 16;
 
@@ -93,7 +84,7 @@ std::vector<float> run_whole(GPT& whole, int micro) {
 
 class PipelineStages : public ::testing::TestWithParam<Variant> {
  protected:
-  static ModelConfig config() { return as_variant(tiny(), GetParam()); }
+  static ModelConfig config() { return as_variant(four_layers(), GetParam()); }
 };
 INSTANTIATE_TEST_SUITE_P(, PipelineStages, lattice::model::testing::kAllVariants);
 

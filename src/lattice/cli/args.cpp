@@ -15,6 +15,12 @@ long long parse_int_flag(const std::string& flag, const std::string& value) {
   return v;
 }
 
+long long parse_int_flag(const std::string& flag, const std::string& value, long long at_least) {
+  const long long v = parse_int_flag(flag, value);
+  LATTICE_CHECK(v >= at_least, flag << " must be >= " << at_least << ", got " << v);
+  return v;
+}
+
 double parse_float_flag(const std::string& flag, const std::string& value) {
   char* end = nullptr;
   errno = 0;

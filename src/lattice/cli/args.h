@@ -8,6 +8,8 @@ namespace lattice::cli {
 
 // Parses the value of `flag` as an integer / float, with an error naming the flag.
 long long parse_int_flag(const std::string& flag, const std::string& value);
+// The same, refusing a value below `at_least`: "<flag> must be >= <at_least>, got <value>".
+long long parse_int_flag(const std::string& flag, const std::string& value, long long at_least);
 double parse_float_flag(const std::string& flag, const std::string& value);
 
 // Returns args[i + 1] or throws "<flag> needs a value".

@@ -40,11 +40,9 @@ static int bench_peak(const std::vector<std::string>& args) {
       std::printf("%s", kBenchPeakHelp);
       return 0;
     } else if (args[i] == "--threads") {
-      threads = static_cast<int>(parse_int_flag("--threads", flag_value(args, i++)));
-      LATTICE_CHECK(threads >= 1, "--threads must be >= 1, got " << threads);
+      threads = static_cast<int>(parse_int_flag("--threads", flag_value(args, i++), 1));
     } else if (args[i] == "--repeat") {
-      repeats = static_cast<int>(parse_int_flag("--repeat", flag_value(args, i++)));
-      LATTICE_CHECK(repeats >= 1, "--repeat must be >= 1, got " << repeats);
+      repeats = static_cast<int>(parse_int_flag("--repeat", flag_value(args, i++), 1));
     } else if (args[i] == "--seconds") {
       const std::string v = flag_value(args, i++);
       char* end = nullptr;

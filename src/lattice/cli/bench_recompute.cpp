@@ -153,17 +153,13 @@ static int bench_recompute(const std::vector<std::string>& args) {
       modes.clear();
       for (const std::string& m : split_commas(flag_value(args, i++))) modes.push_back(model::recompute_from_name(m));
     } else if (args[i] == "--steps") {
-      steps = parse_int_flag("--steps", flag_value(args, i++));
-      LATTICE_CHECK(steps >= 1, "--steps must be >= 1, got " << steps);
+      steps = parse_int_flag("--steps", flag_value(args, i++), 1);
     } else if (args[i] == "--warmup") {
-      warmup = parse_int_flag("--warmup", flag_value(args, i++));
-      LATTICE_CHECK(warmup >= 0, "--warmup must be >= 0, got " << warmup);
+      warmup = parse_int_flag("--warmup", flag_value(args, i++), 0);
     } else if (args[i] == "--repeat") {
-      repeat = parse_int_flag("--repeat", flag_value(args, i++));
-      LATTICE_CHECK(repeat >= 1, "--repeat must be >= 1, got " << repeat);
+      repeat = parse_int_flag("--repeat", flag_value(args, i++), 1);
     } else if (args[i] == "--threads") {
-      threads = parse_int_flag("--threads", flag_value(args, i++));
-      LATTICE_CHECK(threads >= 0, "--threads must be >= 0, got " << threads);
+      threads = parse_int_flag("--threads", flag_value(args, i++), 0);
     } else if (args[i] == "--json") {
       json = true;
     } else {

@@ -40,11 +40,9 @@ static int bench_train(const std::vector<std::string>& args) {
       std::printf("%s", kBenchTrainHelp);
       return 0;
     } else if (args[i] == "--steps") {
-      steps = parse_int_flag("--steps", flag_value(args, i++));
-      LATTICE_CHECK(steps >= 1, "--steps must be >= 1, got " << steps);
+      steps = parse_int_flag("--steps", flag_value(args, i++), 1);
     } else if (args[i] == "--warmup") {
-      warmup = parse_int_flag("--warmup", flag_value(args, i++));
-      LATTICE_CHECK(warmup >= 0, "--warmup must be >= 0, got " << warmup);
+      warmup = parse_int_flag("--warmup", flag_value(args, i++), 0);
     } else if (args[i] == "--json") {
       json = true;
     } else {

@@ -76,14 +76,12 @@ static int run_generate(const std::vector<std::string>& args) {
       prompt = flag_value(args, i++);
       have_prompt = true;
     } else if (a == "--max-new-tokens") {
-      max_new = parse_int_flag(a, flag_value(args, i++));
-      LATTICE_CHECK(max_new >= 1, "--max-new-tokens must be >= 1, got " << max_new);
+      max_new = parse_int_flag(a, flag_value(args, i++), 1);
     } else if (a == "--temperature") {
       temperature = parse_float_flag(a, flag_value(args, i++));
       LATTICE_CHECK(temperature >= 0, "--temperature must be >= 0, got " << temperature);
     } else if (a == "--top-k") {
-      top_k = parse_int_flag(a, flag_value(args, i++));
-      LATTICE_CHECK(top_k >= 0, "--top-k must be >= 0, got " << top_k);
+      top_k = parse_int_flag(a, flag_value(args, i++), 0);
     } else if (a == "--seed") {
       seed = parse_int_flag(a, flag_value(args, i++));
     } else if (a == "--n-head") {
