@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../model/activation_formulas.h"
 #include "equivalence.h"
 #include "lattice/core/error.h"
 #include "lattice/kernels/ops.h"
@@ -223,23 +224,6 @@ TEST(ContextParallel, LossAndNormAreReducedOverTheRightGroupsOnce) {
     }
 }
 
-// Stored activations per layer per rank under context parallelism: a rank
-// keeps its N = b·s/cp tokens' share of what one process keeps
-// (docs/recompute.md's formula at N), and all-to-all one more N×A array (the
-// head-sharded output its backward reads); printed beside Korthikanti et
-// al.'s per-layer figures at s/cp (16-bit, t = 1).
-double stored_formula(model::Recompute r, double e, double N, const model::GPT::Dims& d, bool heads_out) {
-  using model::Recompute;
-  const double C = d.C, R = N;
-  double bytes = 0;
-  switch (r) {
-    case Recompute::None: bytes = e * (4 * R * C + N * (d.QKV + d.A + d.FU + d.F)) + 4 * (4 * R + N * d.NH); break;
-    case Recompute::Selective: bytes = e * (2 * R * C + N * (d.QKV + d.A + d.FU)) + 4 * N * d.NH; break;
-    case Recompute::Full: return e * R * C;
-  }
-  return bytes + (heads_out ? e * N * d.A : 0);
-}
-
 double forward_bytes(model::ModelConfig c, int L, model::Recompute r, ContextParallel& cp, int b, int Tl) {
   c.n_layer = L;
   model::GPT gpt(c, 7);
@@ -252,6 +236,11 @@ double forward_bytes(model::ModelConfig c, int L, model::Recompute r, ContextPar
   return static_cast<double>(MemoryTracker::instance().current(MemCategory::Activations) - before);
 }
 
+// Stored activations per layer per rank under context parallelism: a rank
+// keeps its N = b·s/cp tokens' share of what one process keeps
+// (docs/recompute.md's formula at N, tests/model/activation_formulas.h), and
+// all-to-all one more N×A array (the head-sharded output its backward reads);
+// printed beside Korthikanti et al.'s per-layer figures at s/cp (16-bit, t = 1).
 TEST(ContextParallel, StoredActivationsPerLayerFollowTheFormula) {
   comm::Communicator& group = world();
   const int n = group.size(), b = 2, s = 16 * n, Tl = s / n;
@@ -262,11 +251,10 @@ TEST(ContextParallel, StoredActivationsPerLayerFollowTheFormula) {
     ContextParallel cp(group, mode);
     for (model::Recompute r : {model::Recompute::None, model::Recompute::Selective, model::Recompute::Full}) {
       const double measured = forward_bytes(c, 3, r, cp, b, Tl) - forward_bytes(c, 2, r, cp, b, Tl);
-      const double formula = stored_formula(r, 4, static_cast<double>(b) * Tl, d, mode == Mode::AllToAll);
-      const double sbh = static_cast<double>(Tl) * b * d.C;
-      const double korthikanti = r == model::Recompute::None ? sbh * (34 + 5.0 * d.NH * Tl / d.C)
-                                 : r == model::Recompute::Selective ? 34 * sbh
-                                                                    : 2 * sbh;
+      const double N = static_cast<double>(b) * Tl;
+      const double heads_out = mode == Mode::AllToAll ? d.A : 0;
+      const double formula = model::testing::stored_bytes_per_layer(r, 4, N, N, model::testing::widths_of(d), heads_out);
+      const double korthikanti = model::testing::korthikanti_bytes(r, Tl, b, d.C, d.NH);
       if (group.rank() == 0)
         std::printf("[ cp=%d %s ] %-9s stored per layer per rank: measured %8.0f  formula %8.0f  "
                     "Korthikanti at s/cp (16-bit) %8.0f\n",

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "../model/activation_formulas.h"
 #include "equivalence.h"
 #include "lattice/comm/mpi_communicator.h"
 #include "lattice/comm/process_mesh.h"
@@ -708,16 +709,11 @@ TEST(TensorParallel, StoredActivationsFollowKorthikantisFormulasAdjusted) {
 }
 
 // Stored activation bytes per layer per rank under recomputation, measured as
-// above (models of 2 and 1 layers), against docs/recompute.md's formula: e
-// bytes per stored array element (4 here), 4 per statistic, R rows of the
-// residual stream (N, or N/t with SP), widths per rank (qkv 3h/t, atty h/t,
-// fc and its GELU 4h/t each, a/t log-sum-exps):
-//   none       e·(4·R·h + N·12h/t) + 4·(4·R + N·a/t)
-//   selective  e·(2·R·h + N·8h/t)  + 4·N·a/t
-//   full       e·R·h
-// printed beside Korthikanti et al.'s 16-bit figures (with dropout) for the
-// same layout: none sbh(10 + 24/t + 5as/(ht)) or, with SP, sbh(34/t +
-// 5as/(ht)); selective sbh(10 + 24/t) or sbh·34/t; full 2sbh.
+// above (models of 2 and 1 layers), against docs/recompute.md's formula
+// (tests/model/activation_formulas.h) at this rank's widths (qkv 3h/t, atty
+// h/t, fc and its GELU 4h/t each, a/t log-sum-exps) and R rows of the
+// residual stream (N, or N/t with SP), printed beside Korthikanti et al.'s
+// 16-bit figures for the same layout.
 TEST(TensorParallel, StoredActivationsUnderRecomputationFollowTheFormula) {
   const int B = 2, T = 16, C = 32, H = 4, t = 2;
   const double N = B * T, h = C, a = H, s = T, e = 4;
@@ -739,15 +735,9 @@ TEST(TensorParallel, StoredActivationsUnderRecomputationFollowTheFormula) {
       };
       const double measured = per_model(2) - per_model(1);
       const double R = sp ? N / t : N;
-      const double formula = mode == model::Recompute::None        ? e * (4 * R * h + N * 12 * h / t) + 4 * (4 * R + N * a / t)
-                             : mode == model::Recompute::Selective ? e * (2 * R * h + N * 8 * h / t) + 4 * N * a / t
-                                                                   : e * R * h;
-      const double sbh = s * B * h;
-      const double korthikanti =
-          mode == model::Recompute::None
-              ? (sp ? sbh * (34.0 / t + 5 * a * s / (h * t)) : sbh * (10 + 24.0 / t + 5 * a * s / (h * t)))
-          : mode == model::Recompute::Selective ? (sp ? sbh * 34.0 / t : sbh * (10 + 24.0 / t))
-                                                : 2 * sbh;
+      const model::testing::LayerWidths w{h, 3 * h / t, h / t, 4 * h / t, 4 * h / t, a / t};
+      const double formula = model::testing::stored_bytes_per_layer(mode, e, N, R, w);
+      const double korthikanti = model::testing::korthikanti_bytes(mode, s, B, h, a, t, sp);
       if (print)
         std::printf("  t=%d %-3s %-9s measured %7.0f  formula %7.0f  Korthikanti (16-bit) %7.0f\n", t, sp ? "SP" : "",
                     model::recompute_name(mode), measured, formula, korthikanti);

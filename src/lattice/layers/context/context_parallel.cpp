@@ -252,46 +252,44 @@ struct HeadSplit {
   }
 };
 
-// blocks[d] ← rank d's heads of each of `rows` whole rows.
-void split_heads(float* blocks, const float* whole, int64_t rows, const HeadSplit& h) {
+// blocks[d] ← rank d's heads of each of `rows` whole rows (to_blocks), or
+// the whole rows ← every rank's heads from blocks[d] (the inverse).
+void move_heads(float* whole, float* blocks, bool to_blocks, int64_t rows, const HeadSplit& h) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < rows; i++)
     for (int d = 0; d < h.n; d++)
       h.parts(d, [&](int64_t at, int64_t to, int64_t len) {
-        std::memcpy(blocks + (d * rows + i) * h.W() + to, whole + i * h.row() + at, sizeof(float) * len);
+        float* in_whole = whole + i * h.row() + at;
+        float* in_blocks = blocks + (d * rows + i) * h.W() + to;
+        std::memcpy(to_blocks ? in_blocks : in_whole, to_blocks ? in_whole : in_blocks, sizeof(float) * len);
       });
 }
-
-// whole rows ← each rank's heads from blocks[d] (the inverse).
+void split_heads(float* blocks, const float* whole, int64_t rows, const HeadSplit& h) {
+  move_heads(const_cast<float*>(whole), blocks, true, rows, h);
+}
 void join_heads(float* whole, const float* blocks, int64_t rows, const HeadSplit& h) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows; i++)
-    for (int d = 0; d < h.n; d++)
-      h.parts(d, [&](int64_t at, int64_t to, int64_t len) {
-        std::memcpy(whole + i * h.row() + at, blocks + (d * rows + i) * h.W() + to, sizeof(float) * len);
-      });
+  move_heads(whole, const_cast<float*>(blocks), false, rows, h);
 }
 
 // Head-sharded arrays [B, T, w] are in global positions; block j of an
 // all-to-all holds rank j's rows [B, T_local, w] (rank j's local row t is
-// global position_of(n, j, t)). to_positions: arrays ← blocks; from_positions: blocks ← arrays.
-void to_positions(float* array, const float* blocks, int n, int B, int T_local, int64_t w) {
+// global position_of(n, j, t)). Copies blocks → array (to_array), or back.
+void reorder_positions(float* array, float* blocks, bool to_array, int n, int B, int T_local, int64_t w) {
   const int64_t rows = static_cast<int64_t>(B) * T_local, T = static_cast<int64_t>(T_local) * n;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int j = 0; j < n; j++)
     for (int64_t i = 0; i < rows; i++) {
       const int64_t b = i / T_local, pos = position_of(n, j, static_cast<int>(i % T_local), T_local);
-      std::memcpy(array + (b * T + pos) * w, blocks + (j * rows + i) * w, sizeof(float) * w);
+      float* in_array = array + (b * T + pos) * w;
+      float* in_blocks = blocks + (j * rows + i) * w;
+      std::memcpy(to_array ? in_array : in_blocks, to_array ? in_blocks : in_array, sizeof(float) * w);
     }
 }
+void to_positions(float* array, const float* blocks, int n, int B, int T_local, int64_t w) {
+  reorder_positions(array, const_cast<float*>(blocks), true, n, B, T_local, w);
+}
 void from_positions(float* blocks, const float* array, int n, int B, int T_local, int64_t w) {
-  const int64_t rows = static_cast<int64_t>(B) * T_local, T = static_cast<int64_t>(T_local) * n;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int j = 0; j < n; j++)
-    for (int64_t i = 0; i < rows; i++) {
-      const int64_t b = i / T_local, pos = position_of(n, j, static_cast<int>(i % T_local), T_local);
-      std::memcpy(blocks + (j * rows + i) * w, array + (b * T + pos) * w, sizeof(float) * w);
-    }
+  reorder_positions(const_cast<float*>(array), blocks, false, n, B, T_local, w);
 }
 
 }  // namespace
