@@ -124,6 +124,16 @@ Rows half_rows(float* base, int h, int c, int64_t width, int T_local) {
   return {base + static_cast<int64_t>(h) * c * width, width, static_cast<int64_t>(T_local) * width};
 }
 
+// The kernel's view of pair p: this rank's query chunk p.q_half of qkv
+// [B, T_local, QKV] against key/value chunk p.kv_half of the block `kv`
+// [B, T_local, 2·KV] it holds.
+kernels::AttentionBlock block_of(const BlockPair& p, const float* qkv, const float* kv, int B, int c, int T_local,
+                                 const HeadShape& s) {
+  const Rows q = half_rows(const_cast<float*>(qkv), p.q_half, c, s.QKV(), T_local);
+  const Rows k = half_rows(const_cast<float*>(kv), p.kv_half, c, 2 * s.KV(), T_local);
+  return {q.p, q.ld, q.batch, k.p, k.p + s.KV(), k.ld, k.batch, B, c, c, s.NH, s.NKV, s.hs, p.causal};
+}
+
 // [B, T_local, QKV] → the key|value columns [B, T_local, 2·KV].
 void pack_keys_values(float* kv, const float* qkv, int64_t rows, const HeadShape& s) {
   const int64_t QKV = s.QKV(), A = s.A(), KV2 = 2 * s.KV();
@@ -159,12 +169,9 @@ void ContextParallel::ring_forward(float* out, float* lse, const float* qkv, int
     comm::WorkPtr arriving;
     if (step + 1 < n) arriving = ring_exchange(cur, nxt, block, kKeysValues);
     for (const BlockPair& p : ring_step_pairs(n, rank(), step)) {
-      const Rows q = half_rows(const_cast<float*>(qkv), p.q_half, c, s.QKV(), T_local);
-      const Rows kv = half_rows(cur, p.kv_half, c, KV2, T_local);
       const Rows o = half_rows(out, p.q_half, c, s.A(), T_local);
-      const k::AttentionBlock blk{q.p, q.ld, q.batch, kv.p, kv.p + s.KV(), kv.ld, kv.batch,
-                                  B, c, c, s.NH, s.NKV, s.hs, p.causal};
-      k::attention_block_forward(blk, o.p, o.ld, o.batch, lse_half[p.q_half], started[p.q_half]);
+      k::attention_block_forward(block_of(p, qkv, cur, B, c, T_local, s), o.p, o.ld, o.batch, lse_half[p.q_half],
+                                 started[p.q_half]);
       started[p.q_half] = true;
       step_scores_[step] += pair_scores(p, c) * B * s.NH;
       if (arriving) arriving->test();  // drives the transfer between blocks (MPI progresses inside its calls)
@@ -204,14 +211,10 @@ void ContextParallel::ring_backward(float* dqkv, const float* dout, const float*
     comm::WorkPtr arriving;
     if (step + 1 < n) arriving = ring_exchange(cur, nxt, block, kKeysValues);
     for (const BlockPair& p : ring_step_pairs(n, rank(), step)) {
-      const Rows q = half_rows(const_cast<float*>(qkv), p.q_half, c, s.QKV(), T_local);
-      const Rows kv = half_rows(cur, p.kv_half, c, KV2, T_local);
       const Rows dkv = half_rows(dcur, p.kv_half, c, KV2, T_local);
       const Rows d = half_rows(const_cast<float*>(dout), p.q_half, c, s.A(), T_local);
       const Rows dq = half_rows(dqkv, p.q_half, c, s.QKV(), T_local);
-      const k::AttentionBlock blk{q.p, q.ld, q.batch, kv.p, kv.p + s.KV(), kv.ld, kv.batch,
-                                  B, c, c, s.NH, s.NKV, s.hs, p.causal};
-      k::attention_block_backward(blk, d.p, d.ld, d.batch, lse_half[p.q_half], delta_half[p.q_half], dq.p, dkv.p,
+      k::attention_block_backward(block_of(p, qkv, cur, B, c, T_local, s), d.p, d.ld, d.batch, lse_half[p.q_half], delta_half[p.q_half], dq.p, dkv.p,
                                   dkv.p + s.KV());
       if (arriving) arriving->test();
     }
