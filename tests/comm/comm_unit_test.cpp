@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -51,8 +52,26 @@ TEST(MeshLayout, CoordinatesAndGroupsMatchAnIndependentEnumeration) {
       }
       std::vector<int> ep = mesh_group_ranks(s, r, MeshGroup::EP);
       std::vector<int> edp = mesh_group_ranks(s, r, MeshGroup::ExpertDP);
+      std::vector<int> replicas = mesh_group_ranks(s, r, MeshGroup::ExpertReplicas);
       EXPECT_EQ(ep[c.ep], r);
       EXPECT_EQ(edp[c.edp], r);
+      ASSERT_EQ(static_cast<int>(replicas.size()), s.tp * s.dp * s.cp / s.ep);
+      EXPECT_EQ(replicas[c.edp * s.tp + c.tp], r);
+    }
+    // Each kind partitions the world: every rank is in exactly one group of it
+    // (its members all name the same group).
+    for (int g = 0; g < kMeshGroupCount; g++) {
+      const MeshGroup group = static_cast<MeshGroup>(g);
+      std::vector<int> seen(static_cast<size_t>(s.world()), 0);
+      for (int r = 0; r < s.world(); r++) {
+        const std::vector<int> members = mesh_group_ranks(s, r, group);
+        EXPECT_NE(std::find(members.begin(), members.end(), r), members.end()) << mesh_group_name(group);
+        for (int m : members) EXPECT_EQ(mesh_group_ranks(s, m, group), members) << mesh_group_name(group);
+        if (*std::min_element(members.begin(), members.end()) == r)  // count each group once, at its smallest rank
+          for (int m : members) seen[static_cast<size_t>(m)]++;
+      }
+      for (int r = 0; r < s.world(); r++)
+        EXPECT_EQ(seen[static_cast<size_t>(r)], 1) << "rank " << r << " in group kind " << mesh_group_name(group);
     }
   }
 }

@@ -68,6 +68,10 @@ inline std::vector<int> expected_group(const MeshSizes& s, const std::vector<Coo
       return members(
           all, me, [&](auto& a, auto& b) { return a.pp == b.pp && a.tp == b.tp && dpcp(a) % s.ep == dpcp(b) % s.ep; },
           [&](auto& a) { return dpcp(a); });
+    case MeshGroup::ExpertReplicas:  // the same experts: every tp rank of those
+      return members(
+          all, me, [&](auto& a, auto& b) { return a.pp == b.pp && dpcp(a) % s.ep == dpcp(b) % s.ep; },
+          [&](auto& a) { return std::make_pair(dpcp(a) / s.ep, a.tp); });
     case MeshGroup::World:
       return members(all, me, [](auto&, auto&) { return true; }, [](auto&) { return 0; });
   }

@@ -54,6 +54,9 @@ void check_shape(const MeshSizes& s) {
   EXPECT_EQ(mesh.expert_dp().size(), s.dp * s.cp / s.ep);
   EXPECT_EQ(mesh.coord().ep, mesh.ep().rank());
   EXPECT_EQ(mesh.coord().edp, mesh.expert_dp().rank());
+  // The holders of this rank's experts: every tp rank of its edp group, (edp, tp).
+  EXPECT_EQ(mesh.expert_replicas().size(), s.tp * s.dp * s.cp / s.ep);
+  EXPECT_EQ(mesh.expert_replicas().rank(), mesh.coord().edp * s.tp + mesh.coord().tp);
 
   // Pipeline neighbours: ranks of pp() holding the stages before and after.
   const Coord& c = all[me];

@@ -5,6 +5,9 @@
 //
 // Each rank computes the one-process reference itself, on a communicator of
 // its own (TrainerOptions::ranks), so reference and layout run in one job.
+// Two engines sharing one model (each owning some groups, over its own
+// communicator: mixture of experts' dense and expert engines) train it as
+// one engine does.
 //
 // Tolerances (equivalence.h): losses relative 1e-5 after 10 steps,
 // parameters absolute 1e-4. The model and recipe are those of the PyTorch
@@ -26,11 +29,16 @@
 #include "lattice/comm/mpi_communicator.h"
 #include "lattice/comm/process_mesh.h"
 #include "lattice/comm/runtime.h"
+#include "lattice/core/error.h"
 #include "lattice/core/memory.h"
 #include "lattice/core/rng.h"
+#include "lattice/core/threads.h"
 #include "lattice/data/shard.h"
 #include "lattice/io/config.h"
+#include "lattice/model/gpt.h"
+#include "lattice/optim/adamw.h"
 #include "lattice/parallel/data/data_parallel.h"
+#include "lattice/parallel/data/group_hooks_router.h"
 #include "lattice/train/trainer.h"
 #include "equivalence.h"
 #include "mpi_ranks.h"
@@ -399,6 +407,221 @@ TEST(DataParallel, ReductionsArePostedDuringTheBackward) {
     // the blocks' backward; the lookup's share follows as a sparse exchange.
     EXPECT_LT(grad_emb, backward_h1) << "stage " << stage;
   }
+}
+
+// ---------------------------------------------------------------- several engines over one model
+
+// Mixture of experts reduces the dense groups and the experts' over different
+// communicators: two engines serve one model, each owning some groups, their
+// hooks composed by a GroupHooksRouter. Here, on a dense model: engine A owns
+// the embedding and the final group over `ranks`, engine B the blocks over
+// another communicator of the same ranks. The step is every call on both
+// engines, the norm sqrt(A's Σg² + B's Σg²), and both update with the same
+// grad_scale: the run must be the one engine's that owns every group.
+// Driven by hand (the trainer builds one engine): the parity model, 2
+// micro-batches of 2 sequences a rank, kEngineSteps steps of the recipe.
+constexpr int kEngineSteps = 4, kEngineMicro = 2, kEngineB = 2, kEngineT = 16;
+
+model::ModelConfig engine_model() {
+  model::ModelConfig c;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 32;
+  c.vocab_size = 101;
+  c.seq_len = kEngineT;
+  return c;
+}
+
+std::vector<int32_t> engine_tokens(int step, int micro, int rank, int salt) {
+  std::vector<int32_t> v(kEngineB * kEngineT);
+  for (size_t i = 0; i < v.size(); i++)
+    v[i] = static_cast<int32_t>((static_cast<int>(i) * 31 + step * 17 + micro * 7 + rank * 13 + salt) % 101);
+  return v;
+}
+
+// The whole dense model's pass order (embedding, blocks, final; backward the
+// tied head's embedding, final, blocks from the last), given to both engines
+// as DataParallelOptions::order: each must keep only its own groups.
+std::vector<size_t> dense_order(const model::GPT& m, model::GroupHooks::Pass pass) {
+  const size_t b0 = m.block_index(0), b1 = b0 + static_cast<size_t>(m.config().n_layer);
+  std::vector<size_t> order;
+  if (pass == model::GroupHooks::Pass::Forward) {
+    order.push_back(m.embedding_index());
+    for (size_t b = b0; b < b1; b++) order.push_back(b);
+    order.push_back(m.final_index());
+  } else {
+    order = {m.embedding_index(), m.final_index()};
+    for (size_t b = b1; b > b0; b--) order.push_back(b - 1);
+  }
+  return order;
+}
+
+bool embedding_or_final(const model::GPT& m, size_t g) { return g == m.embedding_index() || g == m.final_index(); }
+
+struct EngineRun {
+  std::vector<double> losses, norms;
+  std::vector<std::vector<float>> params, adam_m;  // every group, whole (numel floats)
+};
+
+// The engines of one run over one model: `blocks_on` null, one engine owning
+// every group over `ranks` (its hooks installed); else A (embedding, final)
+// over `ranks` and B (blocks) over `*blocks_on` (the same ranks), routed.
+struct Engines {
+  model::GPT model;
+  std::unique_ptr<parallel::DataParallel> a, b;
+  std::unique_ptr<parallel::GroupHooksRouter> router;
+
+  Engines(int stage, comm::Communicator& ranks, comm::Communicator* blocks_on)
+      : model(engine_model(), model::GPT::Unallocated{}) {
+    parallel::DataParallelOptions o;
+    o.zero_stage = stage;
+    o.bucket_bytes = 0.02 * (1 << 20);  // several buckets a block, as in layout()
+    o.progress = comm::progress_from_env();
+    if (!blocks_on) {
+      a = std::make_unique<parallel::DataParallel>(std::vector<model::GPT*>{&model}, ranks, o);
+      return;
+    }
+    o.install_hooks = false;
+    o.order = dense_order;
+    parallel::DataParallelOptions oa = o, ob = o;
+    oa.name = "dense";
+    oa.owns = embedding_or_final;
+    ob.name = "blocks";
+    ob.owns = [](const model::GPT& m, size_t g) { return !embedding_or_final(m, g); };
+    a = std::make_unique<parallel::DataParallel>(std::vector<model::GPT*>{&model}, ranks, oa);
+    b = std::make_unique<parallel::DataParallel>(std::vector<model::GPT*>{&model}, *blocks_on, ob);
+    EXPECT_EQ(model.hooks(), nullptr) << "install_hooks = false installs nothing";
+    router = std::make_unique<parallel::GroupHooksRouter>(std::vector<parallel::DataParallel*>{a.get(), b.get()}, 0);
+    model.set_hooks(router.get());
+  }
+  ~Engines() {
+    if (router) model.set_hooks(nullptr);
+  }
+  std::vector<parallel::DataParallel*> all() {
+    std::vector<parallel::DataParallel*> v = {a.get()};
+    if (b) v.push_back(b.get());
+    return v;
+  }
+  parallel::DataParallel& owner(size_t g) { return a->owns(0, g) ? *a : *b; }
+};
+
+EngineRun train_engines(int stage, comm::Communicator& ranks, comm::Communicator* blocks_on) {
+  set_num_threads(1);
+  Engines e(stage, ranks, blocks_on);
+  model::GPT& m = e.model;
+  for (parallel::DataParallel* d : e.all()) d->initialize(5);
+  const int n = ranks.size();
+  EngineRun r;
+  for (int step = 0; step < kEngineSteps; step++) {
+    for (parallel::DataParallel* d : e.all()) d->begin_step(step);
+    double loss = 0;
+    for (int k = 0; k < kEngineMicro; k++) {
+      const std::vector<int32_t> in = engine_tokens(step, k, ranks.rank(), 0);
+      const std::vector<int32_t> tg = engine_tokens(step, k, ranks.rank(), 3);
+      loss += m.forward(0, in.data(), tg.data(), kEngineB, kEngineT, 1.0f / kEngineMicro);
+      for (parallel::DataParallel* d : e.all()) d->before_backward(0, k == kEngineMicro - 1);
+      m.backward(0);
+    }
+    for (parallel::DataParallel* d : e.all()) d->part_done(0);
+    for (parallel::DataParallel* d : e.all()) d->finish_gradients();
+    loss = e.a->sum_over_ranks(loss) / (n * kEngineMicro);
+    double sum_squares = 0;
+    for (parallel::DataParallel* d : e.all()) sum_squares += d->grad_sum_squares();
+    const double norm = std::sqrt(sum_squares) / n;
+    const float lr = optim::lr_at(step, kEngineSteps, 3, 1e-2f, 1e-3f);
+    for (parallel::DataParallel* d : e.all())
+      d->optimizer_step(lr, static_cast<float>(optim::clip_scale(norm, 1.0f) / n));
+    r.losses.push_back(loss);
+    r.norms.push_back(norm);
+  }
+  // Every group from the engine that owns it, in the model's order (each
+  // engine's gathers are collective over its own ranks).
+  for (size_t g = 0; g < m.groups().size(); g++) {
+    const int64_t numel = m.groups()[g].numel(), capacity = e.owner(g).layout().group(g).capacity();
+    std::vector<float> p(static_cast<size_t>(std::max(capacity, m.groups()[g].capacity()))), v(p.size());
+    e.owner(g).gather_full(0, g, parallel::DataParallel::State::Params, p.data());
+    e.owner(g).gather_full(0, g, parallel::DataParallel::State::AdamM, v.data());
+    r.params.emplace_back(p.begin(), p.begin() + numel);
+    r.adam_m.emplace_back(v.begin(), v.begin() + numel);
+  }
+  return r;
+}
+
+// The largest absolute difference between two runs' parameter (or moment) lists.
+double largest_difference(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  double worst = 0;
+  for (size_t g = 0; g < a.size() && g < b.size(); g++)
+    for (size_t i = 0; i < a[g].size() && i < b[g].size(); i++)
+      worst = std::max(worst, std::fabs(static_cast<double>(a[g][i]) - b[g][i]));
+  return worst;
+}
+
+TEST(DataParallel, TwoEnginesOverOneModelEqualOneEngine) {
+  for (int dp : {2, 4}) {
+    if (dp > world().size()) continue;
+    comm::Communicator& ranks = mpitest::groups_of(dp);
+    // The same ranks, another communicator (as the expert replicas are).
+    const std::unique_ptr<comm::Communicator> copy = ranks.split(0, ranks.rank(), "blocks");
+    for (int stage = 0; stage <= 3; stage++) {
+      const std::string what = "dp=" + std::to_string(dp) + " zero=" + std::to_string(stage);
+      const EngineRun one = train_engines(stage, ranks, nullptr);
+      const EngineRun two = train_engines(stage, ranks, copy.get());
+      ASSERT_EQ(two.losses.size(), one.losses.size()) << what;
+      for (size_t s = 0; s < one.losses.size(); s++) {
+        EXPECT_NEAR(two.losses[s], one.losses[s], 1e-6 * one.losses[s]) << what << " step " << s + 1;
+        // sqrt(Σ_A + Σ_B): the same squares, summed in another order.
+        EXPECT_NEAR(two.norms[s], one.norms[s], 1e-6 * one.norms[s]) << what << " norm, step " << s + 1;
+      }
+      ASSERT_EQ(two.params.size(), one.params.size()) << what;
+      const double dparams = largest_difference(two.params, one.params);
+      const double dm = largest_difference(two.adam_m, one.adam_m);
+      if (world().rank() == 0)
+        std::printf("[ engines ] %s: two engines against one: losses %s, parameters within %.1e, Adam m within %.1e\n",
+                    what.c_str(), two.losses == one.losses ? "bit-identical" : "close", dparams, dm);
+      EXPECT_LE(dparams, 1e-6) << what;
+      EXPECT_LE(dm, 1e-6) << what;
+    }
+  }
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// An engine refuses the groups it does not own: a checkpoint gather, a load,
+// a hook call; and a router needs exactly one engine per group.
+TEST(DataParallel, AnEngineRefusesGroupsItDoesNotOwn) {
+  comm::Communicator& ranks = world();
+  const std::unique_ptr<comm::Communicator> copy = ranks.split(0, ranks.rank(), "blocks");
+  Engines e(1, ranks, copy.get());
+  const size_t h0 = e.model.block_index(0);
+  std::vector<float> buffer(static_cast<size_t>(e.b->layout().group(h0).capacity()));
+  const std::string not_mine =
+      " of group h.0 of part 0 on the data-parallel engine 'dense' that does not own it (another engine serves it; "
+      "hooks go through a GroupHooksRouter)";
+  EXPECT_EQ(error_of([&] { e.a->gather_full(0, h0, parallel::DataParallel::State::Params, buffer.data()); }),
+            "internal: gather_full" + not_mine);
+  EXPECT_EQ(error_of([&] { e.a->load_full(0, h0, parallel::DataParallel::State::AdamV, buffer.data()); }),
+            "internal: load_full" + not_mine);
+  EXPECT_EQ(error_of([&] { e.a->hooks(0).before_grads(h0); }), "internal: before_grads" + not_mine);
+  EXPECT_FALSE(e.a->owns(0, h0));
+  EXPECT_TRUE(e.b->owns(0, h0));
+  EXPECT_EQ(&e.router->route(h0), &e.b->hooks(0));
+  EXPECT_EQ(&e.router->route(e.model.embedding_index()), &e.a->hooks(0));
+  // Both engines for every group, then neither for the blocks.
+  model::GroupHooks* ha = &e.a->hooks(0);
+  const size_t groups = e.model.groups().size();
+  auto everything = [](size_t) { return true; };
+  EXPECT_EQ(error_of([&] { parallel::GroupHooksRouter both(groups, {{everything, ha}, {everything, ha}}); }),
+            "internal: group 0 of a model part is owned by 2 data-parallel engines; every group needs exactly one");
+  auto dense = [&](size_t g) { return embedding_or_final(e.model, g); };
+  EXPECT_EQ(error_of([&] { parallel::GroupHooksRouter none(groups, {{dense, ha}}); }),
+            "internal: group 1 of a model part is owned by 0 data-parallel engines; every group needs exactly one");
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ const char* mesh_group_name(MeshGroup g) {
     case MeshGroup::ModelParallel: return "mp";
     case MeshGroup::EP: return "ep";
     case MeshGroup::ExpertDP: return "edp";
+    case MeshGroup::ExpertReplicas: return "edp_tp";
     case MeshGroup::World: return "world";
   }
   return "?";
@@ -116,6 +117,12 @@ std::vector<int> mesh_group_ranks(const MeshSizes& s, int world_rank, MeshGroup 
       break;
     case MeshGroup::ExpertDP:
       for (int b = 0; b < s.dp * s.cp / s.ep; b++) out.push_back(dp_cp_member(b * s.ep + c.ep));
+      break;
+    case MeshGroup::ExpertReplicas:
+      for (int b = 0; b < s.dp * s.cp / s.ep; b++) {
+        const int index = b * s.ep + c.ep;  // in dp_cp
+        for (int t = 0; t < s.tp; t++) out.push_back(mesh_world_rank(s, c.pp, index / s.cp, index % s.cp, t));
+      }
       break;
     case MeshGroup::World:
       for (int r = 0; r < s.world(); r++) out.push_back(r);

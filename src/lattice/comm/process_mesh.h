@@ -17,6 +17,8 @@
 //   ep     blocks of ep consecutive ranks of dp_cp    - MoE dispatch/combine all-to-all
 //   edp    "expert data parallel": the dp*cp/ep ranks of dp_cp with the same
 //          position in their ep group                 - expert gradient all-reduce
+//   edp_tp the tp*dp*cp/ep ranks that hold the same experts: one (pp, ep
+//          position), ordered (edp, tp)                - expert gradients' ZeRO engine
 //   world  every rank
 #pragma once
 
@@ -40,9 +42,10 @@ struct MeshCoord {
   int pp = 0, dp = 0, cp = 0, tp = 0, ep = 0, edp = 0;
 };
 
-enum class MeshGroup { TP, CP, DP, PP, DPxCP, ModelParallel, EP, ExpertDP, World };
-inline constexpr int kMeshGroupCount = 9;
-const char* mesh_group_name(MeshGroup g);  // "tp", "cp", "dp", "pp", "dp_cp", "mp", "ep", "edp", "world"
+enum class MeshGroup { TP, CP, DP, PP, DPxCP, ModelParallel, EP, ExpertDP, ExpertReplicas, World };
+inline constexpr int kMeshGroupCount = 10;
+// "tp", "cp", "dp", "pp", "dp_cp", "mp", "ep", "edp", "edp_tp", "world"
+const char* mesh_group_name(MeshGroup g);
 
 // Refuses sizes that cannot form a mesh on `world` ranks, with one message
 // naming the [parallel] keys: a size that is not positive, a product that is
@@ -92,6 +95,9 @@ class ProcessMesh {
   Communicator& model_parallel() const { return group(MeshGroup::ModelParallel); }
   Communicator& ep() const { return group(MeshGroup::EP); }
   Communicator& expert_dp() const { return group(MeshGroup::ExpertDP); }
+  // The ranks holding the same experts as this one (edp × tp, ordered (edp,
+  // tp)): the data-parallel engine of the expert groups reduces over them.
+  Communicator& expert_replicas() const { return group(MeshGroup::ExpertReplicas); }
 
   // Pipeline neighbours as ranks of pp() (= stage numbers): -1 past the ends.
   bool is_first_stage() const { return coord_.pp == 0; }

@@ -41,13 +41,18 @@ struct DataParallel::Part {
   std::vector<model::ParamGroup>& groups;
   ShardLayout layout;               // over the dp ranks: buckets and shards
   ShardLayout opt_layout;           // what this rank's optimizer updates (= layout, or whole groups at stage 0)
-  std::vector<int64_t> state_base;  // offset of each group's shard in the optimizer state
+  std::vector<uint8_t> owned;       // per group: this engine's (DataParallelOptions::owns)
+  std::vector<int64_t> state_base;  // offset of each group's shard in the optimizer state (owned groups)
   // Each group's GradientReducer key group: its index in the whole model
   // (embedding 0, block l at 1 + l, ln_f at n_layer + 1), so a group keys
   // the same compression state and PowerSGD draws whatever the layout (the
   // tied embedding's two copies too: summed before their reductions at
   // stages 0-1, they must compress alike); at stages 2-3 the last stage's
-  // copy, reduced apart from the first's, is n_layer + 2.
+  // copy, reduced apart from the first's, is n_layer + 2. Any other group
+  // (a layer's experts: at most one per layer of the part, in layer order)
+  // is n_layer + 3 + first_layer + its index among them: past every dense
+  // key, and apart from another part's (whose first_layer is at least this
+  // part's layers further on). The engine checks its keys are distinct.
   std::vector<int64_t> key;
   std::vector<Buffer> shard_grads;     // stages 2-3: this rank's gradient slices per group
   std::vector<uint8_t> written;        // stages 2-3: a slice was reduced into this step; 0-1: posted this step
@@ -130,6 +135,21 @@ bool DataParallel::is_embedding(const Part& p, size_t g) const {
   return p.model.has_embedding() && g == p.model.embedding_index();
 }
 
+bool DataParallel::owns(size_t part, size_t g) const { return parts_.at(part)->owned.at(g) != 0; }
+
+const model::GPT& DataParallel::part_model(size_t part) const { return parts_.at(part)->model; }
+
+model::GroupHooks& DataParallel::hooks(size_t part) { return *parts_.at(part)->hooks; }
+
+void DataParallel::check_owned(const Part& p, size_t j, size_t g, const char* what) const {
+  LATTICE_CHECK(g < p.owned.size() && p.owned[g],
+                "internal: " << what << " of group " << (g < p.groups.size() ? p.groups[g].name() : std::to_string(g))
+                             << " of part " << j << " on the data-parallel engine"
+                             << (options_.name.empty() ? "" : " '" + options_.name + "'")
+                             << " that does not own it (another engine serves it; hooks go through a "
+                                "GroupHooksRouter)");
+}
+
 DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& dp, const DataParallelOptions& options)
     : options_(options), ranks_(dp.size()) {
   const int stage = options.zero_stage;
@@ -143,8 +163,13 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
   // block by row block), in chunks of at most kEmbeddingChunkBytes.
   int64_t total = 0;
   for (model::GPT* m : parts) {
-    LATTICE_CHECK(!m->groups().front().has_params() && !m->groups().front().has_grads(),
-                  "internal: data parallelism takes model parts built GPT::Unallocated");
+    std::vector<uint8_t> owned(m->groups().size(), 1);
+    if (options.owns)
+      for (size_t g = 0; g < owned.size(); g++) owned[g] = options.owns(*m, g) ? 1 : 0;
+    for (size_t g = 0; g < owned.size(); g++)
+      LATTICE_CHECK(!owned[g] || (!m->groups()[g].has_params() && !m->groups()[g].has_grads()),
+                    "internal: data parallelism takes model parts built GPT::Unallocated (group "
+                        << m->groups()[g].name() << " is allocated already)");
     std::vector<int64_t> rows;
     std::vector<double> chunk_bytes;
     if (m->has_embedding()) {
@@ -157,8 +182,13 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
     auto p = std::make_unique<Part>(*m, buckets,
                                     stage == 0 ? ShardLayout(m->groups(), 1, 0, options.bucket_bytes) : buckets);
     const size_t G = p->groups.size();
+    p->owned = std::move(owned);
     for (size_t g = 0; g < G; g++) {
       p->state_base.push_back(total);
+      if (!p->owned[g]) {
+        if (options.compression.spec.codec == GradCodec::PowerSgd) p->lowrank.emplace_back();
+        continue;
+      }
       total += p->opt_layout.group(g).shard_numel();
       // Whole buckets (and, at stage 0, whole optimizer chunks) in every group;
       // only the buffers this stage keeps whole.
@@ -171,37 +201,66 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
     p->gather_ticket.assign(G, 0);
     p->gathered.assign(G, 0);
     // The pass orders: forward emb, h..., ln_f; backward (the head) emb, ln_f,
-    // then the blocks from the last, the lookup's emb at the end.
+    // then the blocks from the last, the lookup's emb at the end. (Or the
+    // model's own, options.order.) Only the owned groups: the prefetch
+    // follows them.
     const model::GPT& mm = p->model;
     const size_t b0 = mm.block_index(mm.first_layer()),
                  b1 = b0 + static_cast<size_t>(mm.last_layer() - mm.first_layer());
-    if (mm.first_stage()) p->forward_order.push_back(mm.embedding_index());
-    for (size_t b = b0; b < b1; b++) p->forward_order.push_back(b);
-    if (mm.last_stage()) {
-      p->forward_order.push_back(mm.final_index());
-      p->backward_order = {mm.final_index()};
-      if (mm.tied_head()) p->backward_order.insert(p->backward_order.begin(), mm.embedding_index());
+    if (options.order) {
+      p->forward_order = options.order(mm, Pass::Forward);
+      p->backward_order = options.order(mm, Pass::Backward);
+    } else {
+      if (mm.first_stage()) p->forward_order.push_back(mm.embedding_index());
+      for (size_t b = b0; b < b1; b++) p->forward_order.push_back(b);
+      if (mm.last_stage()) {
+        p->forward_order.push_back(mm.final_index());
+        p->backward_order = {mm.final_index()};
+        if (mm.tied_head()) p->backward_order.insert(p->backward_order.begin(), mm.embedding_index());
+      }
+      for (size_t b = b1; b > b0; b--) p->backward_order.push_back(b - 1);
     }
-    for (size_t b = b1; b > b0; b--) p->backward_order.push_back(b - 1);
+    for (std::vector<size_t>* order : {&p->forward_order, &p->backward_order}) {
+      for (size_t g : *order)
+        LATTICE_CHECK(g < G, "internal: a pass order names group " << g << " of a part of " << G << " groups");
+      std::erase_if(*order, [&](size_t g) { return !p->owned[g]; });
+    }
     const int L = mm.config().n_layer;
+    int64_t extra = 0;  // groups that are not the embedding, a block or the final group, so far
     for (size_t g = 0; g < G; g++) {
       int64_t k = 0;  // the embedding
       if (is_embedding(*p, g)) {
         if (!mm.first_stage() && stage >= 2) k = L + 2;
       } else if (mm.last_stage() && g == mm.final_index()) {
         k = L + 1;
-      } else {
+      } else if (g >= b0 && g < b1) {
         k = 1 + mm.first_layer() + static_cast<int64_t>(g - b0);
+      } else {
+        k = L + 3 + mm.first_layer() + extra++;
       }
       p->key.push_back(k);
     }
     parts_.push_back(std::move(p));
   }
+  // Distinct keys for the owned groups (each keys its own compression state).
+  // The tied embedding's two copies are one group and share theirs at stages
+  // 0-1 on purpose (keyed 0 on both stages); they are not checked here.
+  {
+    std::vector<int64_t> keys;
+    for (auto& p : parts_)
+      for (size_t g = 0; g < p->groups.size(); g++)
+        if (p->owned[g] && !is_embedding(*p, g)) keys.push_back(p->key[g]);
+    std::sort(keys.begin(), keys.end());
+    LATTICE_CHECK(std::adjacent_find(keys.begin(), keys.end()) == keys.end(),
+                  "internal: two groups of the data-parallel engine have one compression key (more groups besides "
+                  "the embedding, blocks and final group than layers in a part?)");
+  }
 
   // Where the optimizer state lives: moments, and at stage 3 the parameters.
   std::unique_ptr<StateStore> store = options.offload_to_disk
                                           ? make_disk_store(options.offload_dir, dp.world_ranks()[dp.rank()], total,
-                                                            stage == 3 ? 3 : 2, options.offload_window_bytes)
+                                                            stage == 3 ? 3 : 2, options.offload_window_bytes,
+                                                            options.name)
                                           : optim::make_memory_store(total, stage == 3 ? 3 : 2);
   std::vector<optim::AdamWSegment> segments;
   std::vector<int64_t> pooled;  // capacities of the groups borrowed whole at stages 2-3 (not the embedding)
@@ -210,10 +269,12 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
     Part& p = *pp;
     if (stage >= 2) {
       for (size_t g = 0; g < p.groups.size(); g++)
-        p.shard_grads.emplace_back(static_cast<size_t>(p.layout.group(g).shard_numel()) * sizeof(float),
-                                   MemCategory::Grads);
+        p.shard_grads.push_back(
+            p.owned[g] ? Buffer(static_cast<size_t>(p.layout.group(g).shard_numel()) * sizeof(float), MemCategory::Grads)
+                       : Buffer());
     }
     for (size_t g = 0; g < p.groups.size(); g++) {
+      if (!p.owned[g]) continue;
       model::ParamGroup& group = p.groups[g];
       for (const ShardLayout::Run& run : p.opt_layout.runs(group, g)) {
         optim::AdamWSegment seg;
@@ -229,7 +290,7 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
       if (!is_embedding(p, g)) pooled.push_back(group.capacity());
       largest_shard = std::max(largest_shard, p.layout.group(g).shard_numel());
     }
-    if (stage == 3 && options.offload_to_disk && p.model.has_embedding())
+    if (stage == 3 && options.offload_to_disk && p.model.has_embedding() && p.owned[p.model.embedding_index()])
       p.embedding_staging =
           Buffer(static_cast<size_t>(p.layout.group(p.model.embedding_index()).shard_numel()) * sizeof(float),
                  MemCategory::Params);
@@ -247,7 +308,8 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
     const bool whole = p.model.whole_model();
     // (at stages 0-1 only the tied embedding of a whole model, whose head's
     // and lookup's shares it reduces early; an untied one is a group like any)
-    if (p.model.has_embedding() && (stage >= 2 || (whole && p.model.tied_head() && dp.size() > 1))) {
+    if (p.model.has_embedding() && p.owned[p.model.embedding_index()] &&
+        (stage >= 2 || (whole && p.model.tied_head() && dp.size() > 1))) {
       const size_t e = p.model.embedding_index();
       const float* emb_params = nullptr;
       if (stage == 3) {
@@ -264,7 +326,7 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
       p.model.set_tied_embedding(p.embedding.get());
     }
     p.hooks = std::make_unique<PartHooks>(*this, j);
-    p.model.set_hooks(p.hooks.get());
+    if (options.install_hooks) p.model.set_hooks(p.hooks.get());
   }
 }
 
@@ -279,7 +341,7 @@ DataParallel::~DataParallel() {
     }
   }
   for (auto& p : parts_) {
-    if (p->model.hooks() == p->hooks.get()) p->model.set_hooks(nullptr);
+    if (options_.install_hooks && p->model.hooks() == p->hooks.get()) p->model.set_hooks(nullptr);
     if (p->embedding) p->model.set_tied_embedding(nullptr);
   }
 }
@@ -290,6 +352,7 @@ void DataParallel::initialize(uint64_t seed) {
   StateStore& store = optimizer_->store();
   for (auto& p : parts_)
     for (size_t g = 0; g < p->groups.size(); g++) {
+      if (!p->owned[g]) continue;
       if (stage() < 3) {
         p->groups[g].initialize(seed);
         continue;
@@ -308,8 +371,17 @@ void DataParallel::initialize(uint64_t seed) {
 
 std::string DataParallel::describe() const {
   std::ostringstream s;
+  if (!options_.name.empty()) s << options_.name << ": ";
   s << "ZeRO stage " << stage() << " over " << ranks() << " data-parallel rank" << (ranks() == 1 ? "" : "s");
   if (parts_.size() > 1) s << ", " << parts_.size() << " model parts";
+  if (options_.owns) {
+    size_t mine = 0, all = 0;
+    for (const auto& p : parts_) {
+      mine += static_cast<size_t>(std::count(p->owned.begin(), p->owned.end(), 1));
+      all += p->owned.size();
+    }
+    s << ", " << mine << " of " << all << " parameter groups";
+  }
   if (ranks() > 1)
     s << ", buckets of at most " << format_bytes(options_.bucket_bytes) << ", communication "
       << comm::progress_name(stream_->progress());
@@ -333,7 +405,14 @@ void DataParallel::begin_step(int64_t step) {
   reducer_->begin_step(step);
   reducer_->reset_bytes();
   for (auto& p : parts_) {
-    p->model.zero_grad();
+    // GPT::zero_grad on the owned groups: gradients stale, and the compute
+    // copies made again from whatever changed the master weights (an update,
+    // a load) since the last step.
+    for (size_t g = 0; g < p->groups.size(); g++)
+      if (p->owned[g]) {
+        p->groups[g].zero_grad();
+        p->groups[g].params_changed();
+      }
     std::fill(p->written.begin(), p->written.end(), 0);
     if (p->embedding) p->embedding->begin_step();
     p->last = true;
@@ -352,7 +431,7 @@ void DataParallel::part_done(size_t j) {
   Part& p = *parts_.at(j);
   if (stage() >= 2) return;  // every backward reduced its groups as they were written
   for (size_t g = 0; g < p.groups.size(); g++)
-    if (!p.written[g] && !reduced_at_finish(p, g)) reduce_group(j, g);
+    if (p.owned[g] && !p.written[g] && !reduced_at_finish(p, g)) reduce_group(j, g);
 }
 
 bool DataParallel::reduced_at_finish(const Part& p, size_t g) const {
@@ -380,7 +459,8 @@ void DataParallel::finish_gradients() {
   size_t first = parts_.size(), last = parts_.size();
   for (size_t j = 0; j < parts_.size(); j++) {
     const model::GPT& m = parts_[j]->model;
-    if (m.has_embedding() && !m.whole_model() && m.tied_head()) (m.first_stage() ? first : last) = j;
+    if (m.has_embedding() && parts_[j]->owned[m.embedding_index()] && !m.whole_model() && m.tied_head())
+      (m.first_stage() ? first : last) = j;
   }
   const size_t any = first < parts_.size() ? first : last;
   const bool tied = any < parts_.size();
@@ -417,7 +497,7 @@ void DataParallel::finish_gradients() {
   // A group no backward wrote this step (none should) holds zero slices.
   for (auto& p : parts_)
     for (size_t g = 0; g < p->groups.size(); g++)
-      if (!p->written[g] && !(is_embedding(*p, g) && p->embedding->written()))
+      if (p->owned[g] && !p->written[g] && !(is_embedding(*p, g) && p->embedding->written()))
         std::memset(p->shard_grads[g].data(), 0, p->shard_grads[g].bytes());
   // Stages 2-3 hold no whole gradient: the copies' slices, each reduced over
   // the replicas as it went, are summed.
@@ -438,6 +518,7 @@ double DataParallel::grad_sum_squares() {
   double local = 0;
   for (auto& p : parts_)
     for (size_t g = 0; g < p->groups.size(); g++) {
+      if (!p->owned[g]) continue;
       model::ParamGroup& group = p->groups[g];
       for (const ShardLayout::Run& run : p->opt_layout.runs(group, g)) {
         if (!p->model.counts_in_norm(g, group.params()[run.param])) continue;
@@ -463,6 +544,10 @@ void DataParallel::optimizer_step(float lr, float grad_scale) {
       Part& p = *parts_[next_part];
       if (next == p.groups.size()) {
         next_part++, next = 0;
+        continue;
+      }
+      if (!p.owned[next]) {  // another engine's: no state here
+        next++;
         continue;
       }
       if (p.state_base[next] + p.opt_layout.group(next).shard_numel() > end) return;
@@ -496,6 +581,7 @@ DataParallel::StepComm DataParallel::step_comm() {
 
 void DataParallel::before_params(size_t j, size_t g, Pass pass) {
   Part& p = *parts_[j];
+  check_owned(p, j, g, "before_params");
   stream_->note(std::string(pass == Pass::Forward ? "forward " : "backward ") + p.groups[g].name());
   stream_->progress_point();
   reap();
@@ -549,9 +635,10 @@ void DataParallel::post_gather(size_t j, size_t g) {
 }
 
 void DataParallel::after_params(size_t j, size_t g) {
+  Part& p = *parts_[j];
+  check_owned(p, j, g, "after_params");
   stream_->progress_point();
   reap();
-  Part& p = *parts_[j];
   if (stage() < 3 || is_embedding(p, g)) return;
   model::ParamGroup& group = p.groups[g];
   param_pool_->give(group.capacity(), group.data());
@@ -561,9 +648,10 @@ void DataParallel::after_params(size_t j, size_t g) {
 }
 
 void DataParallel::before_grads(size_t j, size_t g) {
+  Part& p = *parts_[j];
+  check_owned(p, j, g, "before_grads");
   stream_->progress_point();
   reap();
-  Part& p = *parts_[j];
   if (stage() < 2 || is_embedding(p, g)) return;  // the embedding has no borrowed buffer
   model::ParamGroup& group = p.groups[g];
   float* buffer = grad_pool_->take(group.capacity());
@@ -579,9 +667,10 @@ void DataParallel::before_grads(size_t j, size_t g) {
 }
 
 void DataParallel::grads_done(size_t j, size_t g) {
+  Part& p = *parts_[j];
+  check_owned(p, j, g, "grads_done");
   stream_->progress_point();
   reap();
-  Part& p = *parts_[j];
   if (stage() < 2 && !p.last) return;  // stages 0-1 reduce the step's last backward only
   if (reduced_at_finish(p, g)) return;
   reduce_group(j, g);
@@ -641,8 +730,9 @@ float* DataParallel::shard_of(const Part& p, size_t g, int array) {
 }
 
 void DataParallel::gather_full(size_t j, size_t g, State which, float* out) {
-  stream_->wait_all();
   Part& p = *parts_.at(j);
+  check_owned(p, j, g, "gather_full");
+  stream_->wait_all();
   model::ParamGroup& group = p.groups[g];
   if (which == State::Params && stage() < 3) {
     std::memcpy(out, group.data(), static_cast<size_t>(group.numel()) * sizeof(float));
@@ -669,8 +759,9 @@ void DataParallel::gather_full(size_t j, size_t g, State which, float* out) {
 }
 
 void DataParallel::load_full(size_t j, size_t g, State which, const float* full) {
-  stream_->wait_all();
   Part& p = *parts_.at(j);
+  check_owned(p, j, g, "load_full");
+  stream_->wait_all();
   model::ParamGroup& group = p.groups[g];
   if (which == State::Params && stage() < 3) {
     std::memcpy(group.data(), full, static_cast<size_t>(group.numel()) * sizeof(float));

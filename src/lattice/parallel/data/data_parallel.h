@@ -52,6 +52,17 @@
 //
 // Every rank of the group must run the same steps with the same calls; all
 // communication goes through one CommStream on the group (comm/comm_stream.h).
+//
+// Several engines can serve one model, each owning some of its groups
+// (DataParallelOptions::owns) over its own communicator: mixture-of-experts
+// reduces the dense groups over dp×cp and each layer's experts group over the
+// ranks that hold the same experts (comm::MeshGroup::ExpertReplicas). An
+// engine then allocates, shards, reduces, gathers and updates its groups
+// only; the others are another engine's business. Their hooks are composed
+// by a GroupHooksRouter (group_hooks_router.h) installed on each part instead
+// of either engine's (install_hooks = false). The step is the same calls on
+// every engine, the global gradient norm the sum of their grad_sum_squares,
+// and every engine's optimizer_step gets the same grad_scale.
 #pragma once
 
 #include <cstdint>
@@ -83,15 +94,35 @@ struct DataParallelOptions {
   // ranks hold other positions of the same sequences (the sharded
   // embedding's learned positions need to know whose rows are whose).
   int context_parallel = 1;
+  // The groups this engine serves, by part and index in GPT::groups(); empty:
+  // every group. An unowned group is not allocated, initialised, reduced,
+  // gathered, updated or counted in the norm by this engine: another engine
+  // (with its own communicator) must own it. The embedding group's special
+  // path (ShardedEmbedding, the tied sum under pipelines) is the engine's that
+  // owns it.
+  std::function<bool(const model::GPT& part, size_t group)> owns;
+  // The order in which a pass reads the part's groups, which ZeRO-3's
+  // prefetch follows (filtered to the owned groups); empty: the dense model's
+  // (forward: embedding, blocks, final; backward: (embedding,) final, blocks
+  // from the last). A model with more groups (experts) passes its own.
+  std::function<std::vector<size_t>(const model::GPT& part, model::GroupHooks::Pass pass)> order;
+  // Installs the engine as every part's GroupHooks. False when several
+  // engines serve the model: a GroupHooksRouter over their hooks(part) is
+  // installed instead.
+  bool install_hooks = true;
+  // Names this engine's offload files (two engines on one rank offloading to
+  // one directory need different names) and its describe(); "" for the only one.
+  std::string name;
 };
 
 class DataParallel {
  public:
   // `parts`: this rank's model parts, in the executor's order, each built
-  // GPT::Unallocated: the engine allocates what the stage keeps whole (padded
-  // to whole buckets), builds the optimizer over this rank's shard and
-  // installs itself as every part's hooks. Draw the initial values with
-  // initialize() or load them with load_full().
+  // GPT::Unallocated (its owned groups not allocated yet): the engine
+  // allocates what the stage keeps whole (padded to whole buckets), builds
+  // the optimizer over this rank's shard and installs itself as every part's
+  // hooks (unless options.install_hooks is false). Draw the initial values
+  // with initialize() or load them with load_full().
   DataParallel(std::vector<model::GPT*> parts, comm::Communicator& dp, const DataParallelOptions& options);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
@@ -106,6 +137,14 @@ class DataParallel {
   comm::CommStream& stream() { return *stream_; }
   GradientReducer& reducer() { return *reducer_; }
   std::string describe() const;
+  // Whether group g of part j is this engine's (DataParallelOptions::owns).
+  bool owns(size_t part, size_t g) const;
+  // Part j's model (for GroupHooksRouter).
+  const model::GPT& part_model(size_t part) const;
+  // The engine's GroupHooks for part j: what it installs as the part's hooks,
+  // or, with install_hooks = false, what a GroupHooksRouter forwards the
+  // calls for this engine's groups to (a call for another group is refused).
+  model::GroupHooks& hooks(size_t part);
 
   // Initial parameters from (seed, name, index in the full tensor), the same
   // values as GPT(config, seed) whatever the layout; at stage 3 each rank
@@ -159,7 +198,8 @@ class DataParallel {
   // ---- checkpoints: full logical group buffers ----
   enum class State { Params, AdamM, AdamV };
   // The whole buffer (capacity() floats) of part j's group g, of `which`, on
-  // every rank. Collective: every rank calls it for the same groups in the same order.
+  // every rank. Collective: every rank calls it for the same groups in the same
+  // order. Group g must be this engine's (so must load_full's).
   void gather_full(size_t part, size_t g, State which, float* out);
   // Takes this rank's part of a whole group buffer (every rank holds it).
   void load_full(size_t part, size_t g, State which, const float* full);
@@ -175,6 +215,8 @@ class DataParallel {
   void before_grads(size_t j, size_t g);
   void grads_done(size_t j, size_t g);
   bool is_embedding(const Part& p, size_t g) const;
+  // Refuses a group that is not this engine's (`what`: the call, for the message).
+  void check_owned(const Part& p, size_t j, size_t g, const char* what) const;
   // Whether group g of p is reduced outside grads_done/part_done.
   bool reduced_at_finish(const Part& p, size_t g) const;
   void reduce_group(size_t j, size_t g);

@@ -137,7 +137,7 @@ class IoThread {
 
 class DiskStore final : public optim::StateStore {
  public:
-  DiskStore(const std::string& dir, int rank, int64_t numel, int arrays, double window_bytes)
+  DiskStore(const std::string& dir, int rank, int64_t numel, int arrays, double window_bytes, const std::string& tag)
       : numel_(numel), arrays_(arrays), dir_(dir) {
     LATTICE_CHECK(arrays == 2 || arrays == 3, "disk store: 2 or 3 arrays, got " << arrays);
     padded_ = round_up(std::max<int64_t>(numel, 1), kAlignFloats);
@@ -148,8 +148,8 @@ class DiskStore final : public optim::StateStore {
     window_ = std::min(window_, padded_);
     for (int a = 0; a < arrays; a++) {
       files_.push_back(std::make_unique<StateFile>(
-          dir + "/lattice-pid" + std::to_string(::getpid()) + "-rank" + std::to_string(rank) + "-" + kArrayName[a] +
-              ".bin",
+          dir + "/lattice-pid" + std::to_string(::getpid()) + "-rank" + std::to_string(rank) +
+              (tag.empty() ? "" : "-" + tag) + "-" + kArrayName[a] + ".bin",
           padded_));
       for (int b = 0; b < 3; b++)
         buffers_[b].emplace_back(static_cast<size_t>(window_) * sizeof(float), MemCategory::Optimizer,
@@ -275,9 +275,9 @@ void check_offload_dir(const std::string& dir) {
 }
 
 std::unique_ptr<optim::StateStore> make_disk_store(const std::string& dir, int rank, int64_t numel, int arrays,
-                                                   double window_bytes) {
+                                                   double window_bytes, const std::string& tag) {
   check_offload_dir(dir);
-  return std::make_unique<DiskStore>(dir, rank, numel, arrays, window_bytes);
+  return std::make_unique<DiskStore>(dir, rank, numel, arrays, window_bytes, tag);
 }
 
 }  // namespace lattice::parallel

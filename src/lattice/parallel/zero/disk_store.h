@@ -26,10 +26,11 @@ namespace lattice::parallel {
 
 // `dir` must exist and be writable (checked, with a message naming it).
 // Files: dir/lattice-pid<P>-rank<R>-{m,v,p}.bin (the pid keeps two jobs that
-// share a directory apart), created (truncated) here, zeros.
+// share a directory apart; a `tag` T, dir/lattice-pid<P>-rank<R>-T-{m,v,p}.bin,
+// two stores of one rank), created (truncated) here, zeros.
 // `window_bytes` bounds the resident memory (all arrays, all buffers).
 std::unique_ptr<optim::StateStore> make_disk_store(const std::string& dir, int rank, int64_t numel, int arrays,
-                                                   double window_bytes);
+                                                   double window_bytes, const std::string& tag = "");
 
 // Checks that `dir` exists and a file can be created and written there;
 // throws naming the key and the path otherwise.
