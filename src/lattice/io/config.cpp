@@ -100,7 +100,7 @@ Key by_family(Key k) {
 
 const std::vector<const char*>& section_names() {
   static const std::vector<const char*> names = {"model",     "parallel",  "zero",        "train",
-                                                 "optim",     "precision", "recompute",   "compression",
+                                                 "optim",     "precision", "recompute",   "moe",         "compression",
                                                  "data",      "checkpoint", "log"};
   return names;
 }
@@ -143,6 +143,20 @@ const std::vector<Key>& keys() {
                                                       "biases in every linear layer (a LayerNorm always has one)")),
         by_family(key<&R::model, &ModelSection::tie_embeddings>(
             "model", "tie_embeddings", any(), "the LM head is the token embedding (one matrix, counted once)")),
+        key<&R::model, &ModelSection::n_experts>(
+            "model", "n_experts", at_least(0),
+            "mixture of experts (docs/moe.md): experts per MoE layer, each an MLP of the family's kind; 0: a "
+            "dense MLP everywhere"),
+        key<&R::model, &ModelSection::top_k>("model", "top_k", at_least(1),
+                                             "experts each token is routed to (1 <= top_k <= n_experts)"),
+        key<&R::model, &ModelSection::moe_every>(
+            "model", "moe_every", at_least(1), "layer l (from 0) is an MoE layer when (l + 1) % moe_every == 0"),
+        key<&R::model, &ModelSection::n_shared_experts>(
+            "model", "n_shared_experts", at_least(0),
+            "experts every token goes through besides its top_k (one dense MLP n_shared_experts x moe_ffn_hidden "
+            "wide)"),
+        key<&R::model, &ModelSection::moe_ffn_hidden>("model", "moe_ffn_hidden", at_least(0),
+                                                      "hidden width of each expert; 0: the family's ffn width"),
 
         key<&R::parallel, &ParallelSection::dp>(
             "parallel", "dp", at_least(1), "data-parallel degree: model replicas, each on its own part of the batch"),
@@ -246,6 +260,23 @@ const std::vector<Key>& keys() {
         key<&R::recompute, &RecomputeSection::first>(
             "recompute", "first", at_least(0),
             "recompute only the first N layers of each pipeline stage (0 = all of them)"),
+        key<&R::moe, &MoeSection::aux_loss_coef>(
+            "moe", "aux_loss_coef", at_least(0),
+            "alpha of the load-balancing loss alpha*E*sum_i f_i*P_i (alpha at uniform routing, alpha*E at collapse)"),
+        key<&R::moe, &MoeSection::z_loss_coef>("moe", "z_loss_coef", at_least(0),
+                                               "beta of the router z-loss beta*mean(logsumexp(logits)^2)"),
+        key<&R::moe, &MoeSection::bias_update_rate>(
+            "moe", "bias_update_rate", at_least(0),
+            "u of the auxiliary-loss-free selection bias: b_i += u*sign(mean load - load_i) after each step "
+            "(DeepSeek-V3); 0: off"),
+        key<&R::moe, &MoeSection::capacity_factor>(
+            "moe", "capacity_factor", at_least(0),
+            "0: dropless; > 0: each expert takes at most ceil(N*k*cf/E) of a rank's pairs, the lowest router "
+            "probabilities dropped (layout-dependent under tp and cp: refused there)"),
+        key<&R::moe, &MoeSection::token_bound>(
+            "moe", "token_bound", at_least(0),
+            "expert parallelism: the rows a rank's experts may receive per layer, as a multiple of its own N*top_k "
+            "(memory is sized for it; a router past it stops the job naming the layer); 0: the worst case"),
 
         key<&R::compression, &CompressionSection::grad>(
             "compression", "grad", one_of({"none", "bf16", "f16", "int8", "onebit", "topk", "powersgd"}),
@@ -724,7 +755,6 @@ void apply_toml(RunConfig& cfg, const toml::table& root, const std::string& sour
 // starting with '=' is the whole reason (a key that is not a feature).
 const std::vector<std::pair<const char*, const char*>>& pending_keys() {
   static const std::vector<std::pair<const char*, const char*>> pending = {
-      {"parallel.ep", "expert parallelism"},
       {"parallel.microbatches",
        "=the micro-batches of a step (the pipeline's too) are train.grad_accum_steps, one knob rather than two: "
        "set train.grad_accum_steps instead and leave parallel.microbatches at 1"},
@@ -875,6 +905,12 @@ const std::vector<ConditionalRow>& conditional_rows() {
        [](const RunConfig& c) { return c.recompute.mode != "none"; },
        [](const RunConfig&) -> std::string { return "recompute.mode is \"none\", so no layer recomputes"; },
        "set recompute.mode=\"selective\" or \"full\""},
+      {{"model.top_k", "model.moe_every", "model.n_shared_experts", "model.moe_ffn_hidden", "moe.aux_loss_coef",
+        "moe.z_loss_coef", "moe.bias_update_rate", "moe.capacity_factor", "moe.token_bound", "parallel.ep"},
+       "model.n_experts > 0",
+       [](const RunConfig& c) { return c.model.n_experts > 0; },
+       [](const RunConfig&) -> std::string { return "model.n_experts is 0, so every MLP is dense"; },
+       "set model.n_experts (docs/moe.md)"},
       {{"compression.topk_ratio"},
        "compression.grad = \"topk\"",
        [](const RunConfig& c) { return c.compression.grad == "topk"; },
@@ -1001,6 +1037,36 @@ void check_cross_keys(const RunConfig& cfg) {
   LATTICE_CHECK(m.seq_len % (2 * cp) == 0, "parallel.cp=" << cp << " cuts each sequence into 2*cp=" << 2 * cp
                                                            << " chunks, but model.seq_len=" << m.seq_len
                                                            << " is not divisible by " << 2 * cp);
+  // Mixture of experts (docs/moe.md).
+  if (m.n_experts > 0) {
+    LATTICE_CHECK(m.n_experts >= 2, "model.n_experts=" << m.n_experts << ": a mixture needs at least 2 experts (0: a "
+                                                        << "dense MLP)");
+    LATTICE_CHECK(m.top_k <= m.n_experts, "model.top_k=" << m.top_k << " routes each token to more experts than "
+                                                          << "model.n_experts=" << m.n_experts << " has; set "
+                                                          << "model.top_k <= " << m.n_experts);
+    LATTICE_CHECK(m.moe_every <= m.n_layer, "model.moe_every=" << m.moe_every << " makes no layer an MoE layer: layer l "
+                                                                << "is one when (l + 1) % moe_every == 0 and "
+                                                                << "model.n_layer=" << m.n_layer
+                                                                << "; set model.moe_every <= " << m.n_layer);
+    const int ep = cfg.parallel.ep;
+    LATTICE_CHECK(m.n_experts % ep == 0, "parallel.ep=" << ep << " does not divide model.n_experts=" << m.n_experts
+                                                         << ": each expert-parallel rank holds n_experts/ep whole "
+                                                         << "experts");
+    LATTICE_CHECK((cfg.parallel.dp * cp) % ep == 0,
+                  "parallel.ep=" << ep << " does not divide parallel.dp x parallel.cp = " << cfg.parallel.dp * cp
+                                 << ": expert-parallel groups are carved from the data- and context-parallel ranks");
+    LATTICE_CHECK(cfg.moe.capacity_factor == 0 || (tp == 1 && cp == 1),
+                  "moe.capacity_factor=" << format_double(cfg.moe.capacity_factor)
+                                         << " drops tokens by each rank's own rows, and parallel.tp=" << tp
+                                         << " / parallel.cp=" << cp
+                                         << " cut a micro-batch's rows over ranks: which tokens are dropped would "
+                                            "depend on the layout; use moe.capacity_factor=0 (dropless) with tp or "
+                                            "cp, or tp=1 and cp=1 with a capacity");
+    LATTICE_CHECK(cfg.moe.token_bound == 0 || cfg.moe.token_bound >= 1,
+                  "moe.token_bound=" << format_double(cfg.moe.token_bound)
+                                     << " is below 1: a rank's experts must at least take as many rows as it routes "
+                                        "on average; 0 sizes for the worst case");
+  }
   // (recompute.first against each pipeline stage's layers is the trainer's: it knows the partition.)
   LATTICE_CHECK(cfg.recompute.every <= m.n_layer,
                 "recompute.every=" << cfg.recompute.every << " names a layer that does not exist: it recomputes layers 0, "

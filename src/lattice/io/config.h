@@ -51,6 +51,12 @@ struct ModelSection {
   std::optional<double> norm_eps;
   std::optional<bool> bias;
   std::optional<bool> tie_embeddings;
+  // Mixture of experts (docs/moe.md): 0 experts is a dense MLP everywhere.
+  int n_experts = 0;
+  int top_k = 2;             // experts per token
+  int moe_every = 1;         // layer l is an MoE layer when (l + 1) % moe_every == 0
+  int n_shared_experts = 0;  // experts every token goes through
+  int moe_ffn_hidden = 0;    // each expert's hidden width; 0: the family's ffn width
   bool operator==(const ModelSection&) const = default;
 };
 
@@ -134,6 +140,16 @@ struct RecomputeSection {
   bool operator==(const RecomputeSection&) const = default;
 };
 
+// [moe]: how an MoE model's router is trained (docs/moe.md); the shape is [model]'s.
+struct MoeSection {
+  double aux_loss_coef = 0.01;     // alpha of the load-balancing loss
+  double z_loss_coef = 0.0;        // beta of the router z-loss
+  double bias_update_rate = 0.0;   // u of the auxiliary-loss-free selection bias (0: off)
+  double capacity_factor = 0.0;    // 0: dropless; else each expert takes at most ceil(N*k*cf/E) pairs
+  double token_bound = 0.0;        // EP: rows a rank's experts take per layer, x its own N*k (0: the worst case)
+  bool operator==(const MoeSection&) const = default;
+};
+
 struct CompressionSection {
   std::string grad = "none";  // none | bf16 | f16 | int8 | onebit | topk | powersgd
   bool error_feedback = true;
@@ -173,6 +189,7 @@ struct RunConfig {
   ZeroSection zero;
   PrecisionSection precision;
   RecomputeSection recompute;
+  MoeSection moe;
   CompressionSection compression;
   DataSection data;
   CheckpointSection checkpoint;

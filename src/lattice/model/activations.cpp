@@ -54,7 +54,9 @@ static int64_t carve_slot(Slot* s, void* base, const CarveSizes& z) {
   std::vector<LayerArrays<T>> arrays(L);
   for (int64_t l = 0; l < L; l++) {
     const Recompute r = z.policy(l);
-    for_each_array(z, [&](F f, auto field, int64_t n) { field(arrays[l]) = stores(r, f) ? cv.take<T>(n) : nullptr; });
+    for_each_array(z, [&](F f, auto field, int64_t n) {
+      field(arrays[l]) = stores(r, f) && z.dense_field(l, f) ? cv.take<T>(n) : nullptr;
+    });
     carve_stats(cv, z, &layers[l], [&](F f) { return stores(r, f); });
     if constexpr (f32) static_cast<LayerArrays<float>&>(layers[l]) = arrays[l];
   }
@@ -119,8 +121,11 @@ int64_t carve_grads(Slot* s, void* base, const CarveSizes& z, bool split) {
   std::vector<float*> dx(n_dx);
   for (auto& p : dx) p = cv.take(N * C);
   std::vector<LayerGrads> dl(n_layers);
-  for (auto& g : dl) {
-    g.dfch = cv.take(N * z.FU);
+  bool any_dense = false;
+  for (int64_t l = 0; l < L; l++) any_dense = any_dense || z.dense_field(l, F::Fch);
+  for (int64_t l = 0; l < n_layers; l++) {
+    LayerGrads& g = dl[l];
+    g.dfch = (split ? z.dense_field(l, F::Fch) : any_dense) ? cv.take(N * z.FU) : nullptr;
     g.dln2 = cv.take(N * C);
     g.dres1 = cv.take(N * C);
     g.dqkv = cv.take(N * z.QKV);
@@ -134,7 +139,9 @@ int64_t carve_grads(Slot* s, void* base, const CarveSizes& z, bool split) {
   for (int64_t l = 0; l < static_cast<int64_t>(kept.size()); l++) {
     const Recompute r = z.policy(l);
     if (r == Recompute::None) continue;
-    for_each_array(z, [&](F f, auto field, int64_t n) { field(kept[l]) = kept_for_weight(r, f) ? cv.take(n) : nullptr; });
+    for_each_array(z, [&](F f, auto field, int64_t n) {
+      field(kept[l]) = kept_for_weight(r, f) && z.dense_field(l, f) ? cv.take(n) : nullptr;
+    });
     carve_stats(cv, z, &kept[l], [&](F f) { return kept_for_weight(r, f); });
   }
   if (s) {

@@ -10,10 +10,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "lattice/core/dtype.h"
 #include "lattice/core/memory.h"
+#include "lattice/model/parts/moe.h"
 #include "lattice/model/recompute.h"
 
 namespace lattice::model {
@@ -38,6 +40,12 @@ struct CarveSizes {
   // field a layer does not store is carved as null there.
   const Recompute* recompute = nullptr;
   Recompute policy(int64_t l) const { return recompute ? recompute[l] : Recompute::None; }
+  // Per layer: 1 where the MLP is a mixture of experts, whose arrays are its
+  // own (parts/moe.h): fch and hid are not carved there. Null: all dense.
+  const uint8_t* moe = nullptr;
+  bool dense_field(int64_t l, LayerField f) const {
+    return !(moe && moe[l] && (f == LayerField::Fch || f == LayerField::Hid));
+  }
 };
 
 // What one layer's forward keeps for backward, arrays of element type T
@@ -144,6 +152,8 @@ struct Slot {
   // last stage), and whether the input's gradient is ready (not the first).
   const float* output_grad = nullptr;  // set_stage_output_grad's, until the backward reads it
   bool input_grad_ready = false;
+  // Mixture of experts: each MoE layer's routing and expert arrays (null for dense layers).
+  std::vector<std::unique_ptr<parts::MoeActs>> moe;
   // State.
   bool has_forward = false, has_backward_input = false, split = false;
 };
@@ -159,6 +169,7 @@ struct DecodeState {
   Buffer work;
   float *x, *logits;
   LayerActs block;
+  parts::MoeActs moe;  // an MoE layer's arrays, reused by every layer
 };
 
 // Carves a buffer into consecutive arrays, each 64-byte aligned. With a null

@@ -81,6 +81,17 @@ void ModelConfig::validate() const {
     LATTICE_CHECK(mlp == MlpKind::GELU, "model.mlp = \"swiglu\" needs model.family = \"llama\" (GPT-2's c_fc and "
                                         "c_proj have no gate projection to name)");
   }
+  LATTICE_CHECK(n_experts >= 0, "model.n_experts must be >= 0, got " << n_experts);
+  if (n_experts > 0) {
+    LATTICE_CHECK(n_experts >= 2, "model.n_experts=" << n_experts << ": a mixture needs at least 2 experts (0: dense)");
+    LATTICE_CHECK(top_k >= 1 && top_k <= n_experts,
+                  "model.top_k=" << top_k << " must be in [1, model.n_experts=" << n_experts << "]");
+    LATTICE_CHECK(moe_every >= 1 && moe_every <= n_layer,
+                  "model.moe_every=" << moe_every << " must be in [1, model.n_layer=" << n_layer
+                                     << "] (layer l is an MoE layer when (l + 1) % moe_every == 0)");
+    LATTICE_CHECK(n_shared_experts >= 0, "model.n_shared_experts must be >= 0, got " << n_shared_experts);
+    LATTICE_CHECK(moe_ffn_hidden >= 0, "model.moe_ffn_hidden must be >= 0, got " << moe_ffn_hidden);
+  }
 }
 
 void ModelConfig::check_tensor_parallel(int t) const {
@@ -94,6 +105,10 @@ void ModelConfig::check_tensor_parallel(int t) const {
   LATTICE_CHECK(ffn() % t == 0, "parallel.tp=" << t << " must divide the MLP's hidden width " << ffn()
                                                << (ffn_hidden > 0 ? " (model.ffn_hidden)" : " (the family's default of model.ffn_hidden)")
                                                << ": it is split by columns");
+  LATTICE_CHECK(n_experts == 0 || shared_ffn() % t == 0,
+                "parallel.tp=" << t << " must divide the shared experts' hidden width " << shared_ffn()
+                               << " (model.n_shared_experts x the expert width): it is split by columns like the "
+                                  "dense MLP's (each routed expert stays whole on a rank)");
 }
 
 int64_t ModelConfig::num_params() const {
@@ -106,7 +121,25 @@ int64_t ModelConfig::num_params() const {
   const int64_t mlp_params = C * up + b * up + F * C + b * C;
   const int64_t block = 2 * norm_params + attn + mlp_params;
   const int64_t embeddings = V * C * (tie_embeddings ? 1 : 2) + (learned_positions() ? int64_t{seq_len} * C : 0);
-  return embeddings + L * block + norm_params;
+  // An MoE layer: the router, every expert and the shared experts instead of the dense MLP.
+  const int64_t moe = moe_layers();
+  const int64_t moe_mlp = static_cast<int64_t>(n_experts) * C + n_experts * expert_params() + shared_params();
+  return embeddings + L * block + moe * (moe_mlp - mlp_params) + norm_params;
+}
+
+// One MLP of hidden width F of this family (GELU: up, down; SwiGLU: gate, up, down), with its biases.
+static int64_t mlp_params_of(const ModelConfig& c, int64_t F) {
+  const int64_t C = c.n_embd, b = c.bias ? 1 : 0;
+  const int64_t up = c.mlp == MlpKind::SwiGLU ? 2 * F : F;
+  return F > 0 ? C * up + b * up + F * C + b * C : 0;
+}
+
+int64_t ModelConfig::expert_params() const { return mlp_params_of(*this, moe_ffn()); }
+int64_t ModelConfig::shared_params() const { return mlp_params_of(*this, shared_ffn()); }
+
+int64_t ModelConfig::active_params() const {
+  const int64_t moe = moe_layers();
+  return num_params() - moe * static_cast<int64_t>(n_experts - top_k) * expert_params();
 }
 
 int64_t ModelConfig::lookup_params() const {
@@ -115,7 +148,7 @@ int64_t ModelConfig::lookup_params() const {
 }
 
 double ModelConfig::flops_per_token(int T) const {
-  const double n = static_cast<double>(num_params() - lookup_params());
+  const double n = static_cast<double>(active_params() - lookup_params());
   return 6.0 * n + 12.0 * n_layer * static_cast<double>(n_embd) * T;
 }
 

@@ -50,6 +50,13 @@ struct ModelConfig {
   float norm_eps = 1e-5f;
   bool bias = true;            // biases of every Linear (a LayerNorm always has its bias)
   bool tie_embeddings = true;  // the LM head is the token embedding
+  // Mixture of experts (docs/moe.md): the MLP of every moe_every-th layer is
+  // n_experts MLPs of the family's kind behind a top-k router (0: dense everywhere).
+  int n_experts = 0;
+  int top_k = 2;
+  int moe_every = 1;
+  int n_shared_experts = 0;
+  int moe_ffn_hidden = 0;  // each expert's hidden width; 0: ffn()
 
   // A config of `family` with its defaults (the shape keys as above).
   static ModelConfig defaults(Family family);
@@ -65,6 +72,15 @@ struct ModelConfig {
   int64_t q_width() const { return static_cast<int64_t>(n_head) * head_size(); }
   int64_t kv_width() const { return static_cast<int64_t>(kv_heads()) * head_size(); }
   bool learned_positions() const { return position == PositionKind::Learned; }
+  // Whether layer l's MLP is a mixture of experts: (l + 1) % moe_every == 0.
+  bool is_moe_layer(int l) const { return n_experts > 0 && (l + 1) % moe_every == 0; }
+  int moe_layers() const { return n_experts > 0 ? n_layer / moe_every : 0; }
+  int moe_ffn() const { return moe_ffn_hidden > 0 ? moe_ffn_hidden : ffn(); }
+  // The shared experts' width (one dense MLP): n_shared_experts · moe_ffn().
+  int shared_ffn() const { return n_shared_experts * moe_ffn(); }
+  // Parameters of one expert, and of one MoE layer's router.
+  int64_t expert_params() const;
+  int64_t shared_params() const;
 
   // Throws lattice::Error naming the offending key(s): shapes out of range,
   // n_head not a multiple of n_kv_head, rope with an odd head size, a GPT-2
@@ -79,8 +95,11 @@ struct ModelConfig {
   void check_tensor_parallel(int t) const;
 
   // Parameters of the logical model, a tied embedding counted once, without
-  // the vocabulary padding.
+  // the vocabulary padding (every expert counted).
   int64_t num_params() const;
+  // Of which a token's forward multiplies: each MoE layer's router, top_k
+  // experts and the shared ones instead of all n_experts (num_params() for a dense model).
+  int64_t active_params() const;
   // Of which the tables that are looked up, not multiplied: the learned
   // position embedding and, when the head is untied, the token embedding.
   int64_t lookup_params() const;

@@ -123,14 +123,16 @@ const float* GPT::decode(const int32_t* tokens, int n) {
     float* values = keys + static_cast<int64_t>(T) * KV;
     // The new positions' keys and values join the cache, then attend to all of it.
     params_in(block_index(l), Pass::Forward);
-    block_forward(block_group(l), a, d.x, d.x, 1, n, pos, nullptr, DType::F32, [&] {
+    if (moe_layer(l)) params_in(expert_index(l), Pass::Forward);
+    block_forward(l, a, d.x, d.x, 1, n, pos, nullptr, DType::F32, [&] {
       for (int i = 0; i < n; i++) {
         const float* row = a.qkv + static_cast<int64_t>(i) * QKV;
         std::memcpy(keys + static_cast<int64_t>(pos + i) * KV, row + Q, sizeof(float) * KV);
         std::memcpy(values + static_cast<int64_t>(pos + i) * KV, row + Q + KV, sizeof(float) * KV);
       }
       k::attention_decode(a.atty, a.qkv, QKV, keys, values, KV, n, pos, dims_.NH, dims_.NKV, dims_.hs);
-    });
+    }, moe_layer(l) ? &d.moe : nullptr);
+    if (moe_layer(l)) params_out(expert_index(l), Pass::Forward);
     params_out(block_index(l), Pass::Forward);
   }
   // Logits of the last new position only.

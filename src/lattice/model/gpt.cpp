@@ -8,11 +8,13 @@
 #include "lattice/core/error.h"
 #include "lattice/kernels/ops.h"
 #include "lattice/layers/context/context_parallel.h"
+#include "lattice/layers/expert/expert_parallel.h"
 #include "lattice/layers/tensor/tensor_parallel.h"
 #include "lattice/layers/tensor/vocab_parallel.h"
 #include "lattice/model/activations.h"
 #include "lattice/model/parts/attention.h"
 #include "lattice/model/parts/mlp.h"
+#include "lattice/model/parts/moe.h"
 
 namespace lattice::model {
 
@@ -48,9 +50,11 @@ GPT::~GPT() = default;
 
 CarveSizes GPT::sizes_for(int64_t N) const {
   const int64_t heads_out = cp_ && cp_->stores_heads_out() ? dims_.A : 0;
-  return {dims_.C, dims_.NH, dims_.A, dims_.QKV, dims_.FU, dims_.F, dims_.V, local_layers(), N, rows(N), heads_out,
-          tp_ && tp_->sequence_parallel(), last_stage(), compute_, !local_head(),
-          recompute_.empty() ? nullptr : recompute_.data()};
+  CarveSizes z{dims_.C, dims_.NH, dims_.A, dims_.QKV, dims_.FU, dims_.F, dims_.V, local_layers(), N, rows(N),
+               heads_out, tp_ && tp_->sequence_parallel(), last_stage(), compute_, !local_head(),
+               recompute_.empty() ? nullptr : recompute_.data()};
+  if (config_.n_experts > 0) z.moe = moe_flags_.data();
+  return z;
 }
 
 void GPT::set_context_parallel(context::ContextParallel* cp) {
@@ -193,8 +197,10 @@ static void check_ids(const char* what, const int32_t* ids, int64_t n, int vocab
 // have left (and the backward, which loads the stored copies, sees exactly
 // what the forward used); the arithmetic inside each operation, GEMM sums
 // and norm/softmax statistics included, stays f32.
-void GPT::block_forward(ParamGroup& g, const LayerActs& a, const float* x, float* x_next, int B, int T,
-                        int first_position, float* work, DType q, const std::function<void()>& attend) {
+void GPT::block_forward(int layer, const LayerActs& a, const float* x, float* x_next, int B, int T,
+                        int first_position, float* work, DType q, const std::function<void()>& attend,
+                        parts::MoeActs* moe_state, bool record, bool recompute) {
+  ParamGroup& g = block_group(layer);
   const int C = dims_.C;
   const int64_t N = static_cast<int64_t>(B) * T, R = rows(N);
   const bool sp = tp_ && tp_->sequence_parallel();
@@ -216,7 +222,16 @@ void GPT::block_forward(ParamGroup& g, const LayerActs& a, const float* x, float
   // x' = r + MLP(Norm₂(r))
   norm_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, w(layout_.norm2), bias(layout_.norm2), R);
   k::round_to(q, a.ln2, R * C);
-  mlp(g).forward(x_next, a.fch, a.hid, a.ln2, work, N, q);
+  if (moe_layer(layer)) {
+    // Recomputing: the MoE's arrays (routing, experts, shared experts) were
+    // kept, and x_next is not used: nothing to run again, nothing routed twice.
+    if (recompute) return;
+    LATTICE_CHECK(moe_state, "internal: MoE layer " << layer << " without its state");
+    if (!moe_work_) moe_work_ = std::make_unique<parts::MoeWork>();
+    moe(layer).forward(*moe_state, *moe_work_, x_next, a.ln2, work, N, q, moe_scale_, record);
+  } else {
+    mlp(g).forward(x_next, a.fch, a.hid, a.ln2, work, N, q);
+  }
   k::add_inplace(x_next, a.res1, R * C);
   k::round_to(q, x_next, R * C);
 }
@@ -250,7 +265,7 @@ void GPT::recompute_layer(Slot& s, int l, const LayerActs& a) {
   const float* x = x_of(s, l);
   if (recompute_of(l) == Recompute::Full) {
     // The block's forward again, from x_l (its output, x_{l+1}, is stored: discarded).
-    layer_forward(s, l, a, x, work16_for(s).x[1]);
+    layer_forward(s, l, a, x, work16_for(s).x[1], true);
     return;
   }
   // Selective: block_forward's norm₁ and norm₂ calls and the MLP's activation.
@@ -261,13 +276,21 @@ void GPT::recompute_layer(Slot& s, int l, const LayerActs& a) {
   k::round_to(compute_, a.ln1, R * C);
   norm_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, w(layout_.norm2), bias(layout_.norm2), R);
   k::round_to(compute_, a.ln2, R * C);
-  mlp(g).activation(a.hid, a.fch, N, compute_);
+  if (!moe_layer(first_layer_ + l)) mlp(g).activation(a.hid, a.fch, N, compute_);  // (an MoE layer keeps its own)
 }
 
-void GPT::layer_forward(Slot& s, int i, const LayerActs& a, const float* x, float* x_next) {
+void GPT::layer_forward(Slot& s, int i, const LayerActs& a, const float* x, float* x_next, bool recompute) {
   const int l = first_layer_ + i;
-  block_forward(block_group(l), a, x, x_next, s.B, s.T, 0, s.work, compute_,
-                [&] { attention(block_group(l)).attend(a.atty, a.lse, a.qkv, a.heads_out, s.B, s.T, DType::F32); });
+  block_forward(l, a, x, x_next, s.B, s.T, 0, s.work, compute_,
+                [&] { attention(block_group(l)).attend(a.atty, a.lse, a.qkv, a.heads_out, s.B, s.T, DType::F32); },
+                moe_layer(l) ? &moe_acts(s, i) : nullptr, moe_record_, recompute);
+}
+
+parts::MoeActs& GPT::moe_acts(Slot& s, int i) {
+  if (s.moe.size() != static_cast<size_t>(local_layers())) s.moe.resize(static_cast<size_t>(local_layers()));
+  auto& p = s.moe[static_cast<size_t>(i)];
+  if (!p) p = std::make_unique<parts::MoeActs>();
+  return *p;
 }
 
 
@@ -308,6 +331,24 @@ void GPT::grads_out(size_t g) {
   if (hooks_) hooks_->grads_done(g);
 }
 
+// A block's groups in the backward: the block's, then (MoE) its experts'.
+void GPT::block_params_in(int l) {
+  params_in(block_index(l), Pass::Backward);
+  if (moe_layer(l)) params_in(expert_index(l), Pass::Backward);
+}
+void GPT::block_params_out(int l) {
+  if (moe_layer(l)) params_out(expert_index(l), Pass::Backward);
+  params_out(block_index(l), Pass::Backward);
+}
+void GPT::block_grads_in(int l) {
+  grads_in(block_index(l));
+  if (moe_layer(l)) grads_in(expert_index(l));
+}
+void GPT::block_grads_out(int l) {
+  if (moe_layer(l)) grads_out(expert_index(l));
+  grads_out(block_index(l));
+}
+
 void GPT::forward_body(Slot& s, const int32_t* inputs, const float* input) {
   const int B = s.B, T = s.T, C = config_.n_embd, L = local_layers();
   const int64_t N = static_cast<int64_t>(B) * T, R = rows(N);
@@ -340,7 +381,9 @@ void GPT::forward_body(Slot& s, const int32_t* inputs, const float* input) {
     const bool own = s.store == DType::F32 && recompute_of(i) == Recompute::None;
     const LayerActs& a = own ? s.layers[i] : work_layer(s, i);
     params_in(block_index(l), Pass::Forward);
+    if (moe_layer(l)) params_in(expert_index(l), Pass::Forward);
     layer_forward(s, i, a, x_buf(s, i), x_buf(s, i + 1));
+    if (moe_layer(l)) params_out(expert_index(l), Pass::Forward);
     params_out(block_index(l), Pass::Forward);
     if (s.store != DType::F32) store_layer(s.store, a, s.packed[i], z);
     keep_x(s, i + 1);
@@ -444,7 +487,9 @@ float GPT::forward_stage(int slot_index, const int32_t* inputs, const float* inp
     LATTICE_CHECK(targets, "the last pipeline stage's forward needs the targets");
     check_ids("target", targets, N, V);
   }
+  moe_scale_ = loss_grad_scale, moe_record_ = true;
   forward_body(s, inputs, input);
+  moe_record_ = false;
   s.has_forward = true;
   s.output_grad = nullptr;
   s.input_grad_ready = false;
@@ -508,7 +553,11 @@ void GPT::layer_backward_input(Slot& s, int l) {
   float* dout = dx_of(s, l + 1);  // dL/dx_{l+1}: this rank's rows at `first` (SP), else whole
   float* dx = dx_of(s, l);        // dL/dx_l (written here, the same rows)
   // MLP: x' = r + MLP(Norm₂(r))  (dout gathered in place under SP)
-  mlp(g).backward_input(d.dln2, d.dfch, s.scratch4c, dout + first, dout, a.fch, N);
+  const int layer = first_layer_ + l;
+  if (moe_layer(layer))
+    moe(layer).backward_input(moe_acts(s, l), *moe_work_, d.dln2, dout + first, dout, N);
+  else
+    mlp(g).backward_input(d.dln2, d.dfch, s.scratch4c, dout + first, dout, a.fch, N);
   // dr = dout (residual path) + Norm₂ backward, this rank's rows
   float* dres1 = d.dres1 + first;
   std::memcpy(dres1, dout + first, R * C * sizeof(float));
@@ -532,7 +581,11 @@ void GPT::layer_backward_weight(Slot& s, int l) {
   // rows under SP: gathered again here (Megatron does the same) rather than
   // kept whole, which would undo half of SP's saving.
   auto whole = [&](const float* ln) { return sp ? tp_->gather(ln, s.work, N, C, "LayerNorm output (again)") : ln; };
-  mlp(g).backward_weight(dout, a.hid, d.dfch, whole(a.ln2), N);
+  const int layer = first_layer_ + l;
+  if (moe_layer(layer))
+    moe(layer).backward_weight(moe_acts(s, l), *moe_work_, dout, whole(a.ln2), N);
+  else
+    mlp(g).backward_weight(dout, a.hid, d.dfch, whole(a.ln2), N);
   norm_.weight_grads(g, layout_.norm2, d.dln2, a.res1, a.ln2_mean, a.ln2_rstd, R, tp_, s.ln_scratch);
   attention(g).backward_weight(d.dres1, a.atty, d.dqkv, whole(a.ln1), N);
   norm_.weight_grads(g, layout_.norm1, d.dln1, x_of(s, l), a.ln1_mean, a.ln1_rstd, R, tp_, s.ln_scratch);
@@ -567,9 +620,9 @@ void GPT::backward_input(int slot_index) {
   prepare_grads(s, grad_sizes(s), grad_sizes(s, true), true);
   head_input_with_hooks(s);
   for (int l = local_layers() - 1; l >= 0; l--) {
-    params_in(block_index(first_layer_ + l), Pass::Backward);
+    block_params_in(first_layer_ + l);
     layer_backward_input(s, l);
-    params_out(block_index(first_layer_ + l), Pass::Backward);
+    block_params_out(first_layer_ + l);
   }
   s.has_backward_input = true;
   s.input_grad_ready = !first_stage();
@@ -583,9 +636,9 @@ void GPT::backward_weight(int slot_index) {
   // Same order as backward(): head, blocks from last to first, embedding.
   head_weight_with_hooks(s);
   for (int l = local_layers() - 1; l >= 0; l--) {
-    grads_in(block_index(first_layer_ + l));
+    block_grads_in(first_layer_ + l);
     layer_backward_weight(s, l);
-    grads_out(block_index(first_layer_ + l));
+    block_grads_out(first_layer_ + l);
   }
   embedding_weight_with_hooks(s);
   s.has_forward = s.has_backward_input = false;
@@ -604,12 +657,12 @@ void GPT::backward(int slot_index) {
     head_weight_with_hooks(s);
   }
   for (int l = local_layers() - 1; l >= 0; l--) {
-    params_in(block_index(first_layer_ + l), Pass::Backward);
+    block_params_in(first_layer_ + l);
     layer_backward_input(s, l);
-    params_out(block_index(first_layer_ + l), Pass::Backward);
-    grads_in(block_index(first_layer_ + l));
+    block_params_out(first_layer_ + l);
+    block_grads_in(first_layer_ + l);
     layer_backward_weight(s, l);
-    grads_out(block_index(first_layer_ + l));
+    block_grads_out(first_layer_ + l);
   }
   embedding_weight_with_hooks(s);
   s.has_forward = false;

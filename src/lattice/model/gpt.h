@@ -53,6 +53,7 @@
 #include "lattice/model/config.h"
 #include "lattice/model/head.h"
 #include "lattice/model/param_group.h"
+#include "lattice/model/parts/moe.h"
 #include "lattice/model/parts/norm.h"
 #include "lattice/model/recompute.h"
 
@@ -61,6 +62,9 @@ class TensorParallel;
 }
 namespace lattice::context {
 class ContextParallel;
+}
+namespace lattice::expert {
+class ExpertParallel;
 }
 
 namespace lattice::model {
@@ -109,11 +113,23 @@ class GroupHooks {
   virtual void grads_done(size_t g) { (void)g; }
 };
 
-// Layers [first_layer, last_layer) of the model (last_layer -1: all).
+// Layers [first_layer, last_layer) of the model (last_layer -1: all), and
+// of a mixture-of-experts model's experts the share this rank holds: expert
+// parallelism over `expert_shards` ranks, this one `expert_shard`
+// (layers/expert/expert_parallel.h: experts [shard·E/shards, (shard+1)·E/shards)).
 struct StageLayers {
   int first_layer = 0;
   int last_layer = -1;
+  int expert_shards = 1;
+  int expert_shard = 0;
 };
+
+// The group of layer `layer`'s experts [first, first + count) as declared by
+// a model (HF names, whole tensors); *per_expert gets the parameters of one.
+// The checkpoint writer names another expert-parallel rank's experts with it.
+ParamGroup declare_experts(const ModelConfig& config, int layer, int first, int count, size_t* per_expert = nullptr);
+// The checkpoint name of MoE layer `layer`'s selection bias [E] (docs/moe.md).
+std::string expert_bias_name(const ModelConfig& config, int layer);
 
 class GPT {
  public:
@@ -153,14 +169,24 @@ class GPT {
   // Groups in order: "embedding" (the token embedding and wpe; the first
   // stage, and the last when the head is tied), the stage's blocks (GPT-2
   // "h.{l}", Llama "model.layers.{l}"), the final group (last stage: the
-  // final norm, and lm_head when untied; GPT-2 "ln_f", Llama "model.norm").
+  // final norm, and lm_head when untied; GPT-2 "ln_f", Llama "model.norm"),
+  // then one group per MoE layer of the stage holding this rank's experts of
+  // it ("h.{l}.mlp.experts", "model.layers.{l}.block_sparse_moe.experts"):
+  // their gradients are reduced over the ranks holding the same experts,
+  // not over every data-parallel rank (the trainer's second engine).
   std::vector<ParamGroup>& groups() { return groups_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
   bool has_embedding() const { return first_stage() || (last_stage() && config_.tie_embeddings); }
   bool tied_head() const { return config_.tie_embeddings; }
   ParamGroup& embedding_group() { return groups_.front(); }
   ParamGroup& block_group(int layer) { return groups_[block_index(layer)]; }  // a layer of this stage
-  ParamGroup& final_group() { return groups_.back(); }
+  ParamGroup& final_group() { return groups_[final_index()]; }
+  // Mixture of experts: whether group g holds experts, the group of stage
+  // layer l's experts (npos: a dense layer), and the order in which a pass
+  // reads the groups (what ZeRO-3 prefetches by).
+  bool is_expert_group(size_t g) const { return g > final_index_ && g < groups_.size(); }
+  size_t expert_index(int layer) const;
+  std::vector<size_t> group_order(GroupHooks::Pass pass) const;
   // Whether parameter `info` of group `group` counts in the global gradient
   // norm from this rank, so that the sum over the pipeline and tensor-parallel
   // groups counts every element once: the tied embedding on its first stage
@@ -246,7 +272,25 @@ class GPT {
   size_t block_index(int layer) const {
     return (has_embedding() ? 1 : 0) + static_cast<size_t>(layer - first_layer_);
   }
-  size_t final_index() const { return groups_.size() - 1; }
+  size_t final_index() const { return final_index_; }
+
+  // ---- mixture of experts (docs/moe.md) ----
+  // The ep group the experts are dispatched over (not owned; null: every
+  // expert here, ep = 1). Its size and rank must be the StageLayers' expert
+  // shards. Set before the first forward.
+  void set_expert_parallel(expert::ExpertParallel* ep);
+  void set_moe_options(const parts::MoeOptions& options) { moe_options_ = options; }
+  const parts::MoeOptions& moe_options() const { return moe_options_; }
+  // The selection bias of every layer of the whole model, [n_layer][E] (this
+  // stage reads its own layers'); the trainer updates it after each step.
+  std::vector<float>& expert_bias() { return expert_bias_; }
+  // What the training forwards of this stage's MoE layers counted since
+  // reset_moe_stats() (indexed by stage layer; dense layers' stay empty).
+  const std::vector<parts::MoeStats>& moe_stats() const { return moe_stats_; }
+  void reset_moe_stats();
+  // The all-to-all bytes sent and seconds spent since the last reset (0 without expert parallelism).
+  uint64_t moe_comm_bytes() const;
+  double moe_comm_seconds() const;
 
   // Marks every gradient stale (no memset): the next backward overwrites each
   // gradient on its first write and accumulates after (see ParamGroup::zero_grad).
@@ -329,13 +373,25 @@ class GPT {
   };
   // Declares every parameter group of this stage (declare.cpp).
   void declare_params();
+  void declare_moe_block(ParamGroup& g, int layer, const std::string& prefix);
   int local_layers() const { return last_layer_ - first_layer_; }
   // Under TP: rows kept between the parallel regions, and the first of them.
   int64_t rows(int64_t N) const;
   int64_t first_row(int64_t N) const;
+  // Where an MoE block's own parameters sit in its group (after norm₂): the
+  // router, then the shared experts (declare.cpp).
+  struct MoeLayout {
+    size_t router = 0;
+    size_t sh_up_w = 0, sh_up_n = 1, sh_down_w = 0;
+    int sh_up_b = -1, sh_down_b = -1;
+    size_t per_expert = 0;  // parameters of one expert in its group
+  };
   // The block's parts over block group g (this rank's slices).
   parts::Attention attention(ParamGroup& g);
   parts::Mlp mlp(ParamGroup& g);
+  parts::Moe moe(int layer);
+  bool moe_layer(int layer) const { return config_.is_moe_layer(layer); }
+  parts::MoeActs& moe_acts(Slot& s, int stage_layer);
   // The head: the tied embedding's, or the untied lm_head of the final group.
   HeadOps& head();
   size_t head_index() const { return tied_head() ? embedding_index() : final_index(); }
@@ -355,7 +411,11 @@ class GPT {
   const LayerActs& work_layer(Slot& s, int l, const LayerActs* kept = nullptr);
   void recompute_layer(Slot& s, int l, const LayerActs& a);
   // Stage layer i's training forward on slot s from x into x_next, in a.
-  void layer_forward(Slot& s, int i, const LayerActs& a, const float* x, float* x_next);
+  void layer_forward(Slot& s, int i, const LayerActs& a, const float* x, float* x_next, bool recompute = false);
+  void block_params_in(int layer);
+  void block_params_out(int layer);
+  void block_grads_in(int layer);
+  void block_grads_out(int layer);
   Work16& work16_for(const Slot& s);
   const LayerActs& layer_acts(Slot& s, int l);
   const float* x_of(Slot& s, int i);
@@ -366,8 +426,11 @@ class GPT {
   Slot& inference_slot(int B, int T);
   // One block on N rows from x into x_next (which may be x), keeping its
   // intermediates in a; `attend` fills a.atty from a.qkv (gpt.cpp).
-  void block_forward(ParamGroup& g, const LayerActs& a, const float* x, float* x_next, int B, int T,
-                     int first_position, float* work, DType q, const std::function<void()>& attend);
+  // An MoE layer's MLP keeps its state in `moe` (null: a dense layer, or a
+  // recomputation, which skips it: the routed experts' arrays are kept).
+  void block_forward(int layer, const LayerActs& a, const float* x, float* x_next, int B, int T,
+                     int first_position, float* work, DType q, const std::function<void()>& attend,
+                     parts::MoeActs* moe = nullptr, bool record = false, bool recompute = false);
   // The forward through the blocks and the final norm into s.
   void forward_body(Slot& s, const int32_t* inputs, const float* input);
   void final_norm(Slot& s);
@@ -394,6 +457,19 @@ class GPT {
   int first_layer_ = 0, last_layer_ = 0;
   Dims dims_;
   Layout layout_;
+  MoeLayout moe_layout_;
+  size_t final_index_ = 0;
+  std::vector<size_t> expert_group_;  // per stage layer: its expert group (npos: dense)
+  std::vector<uint8_t> moe_flags_;    // per stage layer: 1 for an MoE layer (CarveSizes::moe)
+  int expert_shards_ = 1, expert_shard_ = 0;
+  expert::ExpertParallel* ep_ = nullptr;
+  std::unique_ptr<expert::ExpertParallel> own_ep_;  // ep = 1
+  parts::MoeOptions moe_options_;
+  std::vector<float> expert_bias_;
+  std::vector<parts::MoeStats> moe_stats_;
+  std::unique_ptr<parts::MoeWork> moe_work_;
+  float moe_scale_ = 1.0f;  // the running forward's loss gradient factor
+  bool moe_record_ = false;  // the running forward is a training forward
   parts::Norm norm_;
   kernels::RopeTable rope_;  // rotary positions only
   int vocab_full_ = 0;

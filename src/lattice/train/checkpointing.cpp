@@ -73,20 +73,48 @@ size_t numel_of(const std::vector<int64_t>& shape) {
 std::vector<HfTensor> Trainer::group_tensors(size_t g, ModelBuffer which, bool all_ranks) {
   const model::ParamGroup& shape = layout_model_->groups()[g];
   // The stage that holds it (the embedding: the first stage's copy).
-  // (layout_model_ is the whole model: group 0 the embedding, 1 + l block l, the final group last).
-  int stage = 0;
-  if (g == layout_model_->final_index()) {
+  // (layout_model_ is the whole model: group 0 the embedding, 1 + l block l,
+  // the final group, then each MoE layer's experts).
+  int stage = 0, layer = -1;
+  if (layout_model_->is_expert_group(g)) {
+    for (int l = 0; l < model_config_.n_layer; l++)
+      if (layout_model_->expert_index(l) == g) layer = l;
+  } else if (g == layout_model_->final_index()) {
     stage = schedule_.stages - 1;
   } else if (g != layout_model_->embedding_index()) {
-    const int layer = static_cast<int>(g - layout_model_->block_index(0));
+    layer = static_cast<int>(g - layout_model_->block_index(0));
+  }
+  if (layer >= 0)
     for (int s = 0; s < schedule_.stages; s++)
       if (cut_[s].first <= layer && layer < cut_[s].last) stage = s;
-  }
   const int owner = schedule_.rank_of_stage[stage], me = mesh_->coord().pp;
   // Only the TP group of the world's root (dp 0, cp 0) needs them, unless every rank does.
   const bool wanted = all_ranks || (mesh_->coord().dp == 0 && mesh_->coord().cp == 0 && mesh_->coord().tp == 0);
   std::vector<HfTensor> tensors;
-  if (me == owner) {
+  if (me == owner && layout_model_->is_expert_group(g)) {
+    // An MoE layer's experts: whole over the ranks that hold the same ones
+    // (the expert engine), then every expert-parallel rank's share — the
+    // same group layout on each, experts [r·E/ep, (r+1)·E/ep) — in expert
+    // order, the layout model's. Experts are whole on every TP rank.
+    const size_t j = static_cast<size_t>(part_of_stage_[stage]);
+    const model::GPT& part = *parts_[j];
+    const size_t i = part.expert_index(layer);
+    const model::ParamGroup& local = part.groups()[i];
+    std::vector<float> buffer(static_cast<size_t>(local.capacity()));
+    expert_dp_->gather_full(j, i, state_of(which), buffer.data());
+    const int ep = mesh_->ep().size(), per_rank = model_config_.n_experts / ep;
+    std::vector<float> all = buffer;
+    if (ep > 1) {
+      all.resize(buffer.size() * static_cast<size_t>(ep));
+      mesh_->ep().all_gather(buffer.data(), all.data(), buffer.size(), DType::F32);
+    }
+    if (wanted)
+      for (int r = 0; r < ep; r++) {
+        const model::ParamGroup shard = model::declare_experts(model_config_, layer, r * per_rank, per_rank);
+        for (HfTensor& t : export_hf_group(shard, all.data() + static_cast<size_t>(r) * buffer.size()))
+          tensors.push_back(std::move(t));
+      }
+  } else if (me == owner) {
     const size_t j = static_cast<size_t>(part_of_stage_[stage]);
     const model::GPT& part = *parts_[j];
     size_t i = 0;
@@ -147,7 +175,7 @@ void Trainer::load_state(const HfSource* sources, int count) {
       std::vector<float> full(static_cast<size_t>(group.capacity()), 0.0f);
       for (int k = 0; k < count; k++) {
         import_hf_group(group, full.data(), sources[k]);
-        dp_->load_full(j, i, which[k], full.data());
+        engine_of(j, i).load_full(j, i, which[k], full.data());
       }
     }
 }
@@ -177,6 +205,10 @@ std::string Trainer::save_checkpoint() {
         layout[0].add(p.name, DType::F32, hf_shape(p), nullptr);
         for (int k = 0; k < 2; k++) layout[1].add(p.name + kMomentSuffix[k], DType::F32, hf_shape(p), nullptr);
       }
+    // Each MoE layer's selection bias (state, not a parameter: no moments).
+    for (int l = 0; l < model_config_.n_layer; l++)
+      if (model_config_.is_moe_layer(l))
+        layout[0].add(expert_bias_name(model_config_, l), DType::F32, {model_config_.n_experts}, nullptr);
     w = std::make_unique<io::CheckpointWriter>(config_.checkpoint.dir, step_);
     files[0] = std::make_unique<io::SafeTensorsStream>(layout[0], w->path("model.safetensors"));
     files[1] = std::make_unique<io::SafeTensorsStream>(layout[1], w->path("optimizer.safetensors"));
@@ -191,6 +223,10 @@ std::string Trainer::save_checkpoint() {
     }
   }
   if (!is_root_) return "";
+  for (int l = 0; l < model_config_.n_layer; l++)
+    if (model_config_.is_moe_layer(l))
+      files[0]->append(expert_bias_.data() + static_cast<size_t>(l) * model_config_.n_experts,
+                       static_cast<size_t>(model_config_.n_experts) * sizeof(float));
   files[0]->finish();
   files[1]->finish();
   // model.safetensors + config.json make the step directory a Hugging Face model directory.
@@ -305,6 +341,24 @@ static HfSource source_of(const io::SafeTensorsReader& r, const std::string& suf
   return src;
 }
 
+void Trainer::load_expert_bias(const io::SafeTensorsReader& file) {
+  const int E = model_config_.n_experts;
+  for (int l = 0; l < model_config_.n_layer; l++) {
+    if (!model_config_.is_moe_layer(l)) continue;
+    const std::string name = model::expert_bias_name(model_config_, l);
+    float* bias = expert_bias_.data() + static_cast<size_t>(l) * E;
+    const io::TensorEntry* e = file.find(name);
+    if (!e) {
+      std::fill(bias, bias + E, 0.0f);
+      continue;
+    }
+    LATTICE_CHECK(e->numel() == E, file.path() << ": tensor '" << name << "' has " << e->numel()
+                                               << " values, but model.n_experts=" << E);
+    file.read_f32(name, bias, static_cast<size_t>(E));
+  }
+  for (auto& part : parts_) part->expert_bias() = expert_bias_;
+}
+
 void Trainer::load_checkpoint(const std::string& step_dir) {
   // Every rank reads the directory (one filesystem for the job) and keeps its
   // part of each full tensor.
@@ -325,6 +379,8 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
                 "checkpoint '" << step_dir << "/meta.json' has a malformed step, adam_steps or tokens_seen");
   step_ = step;
   optimizer().set_steps_taken(adam);
+  if (expert_dp_) expert_dp_->optimizer().set_steps_taken(adam);
+  load_expert_bias(model_file);
   tokens_seen_ = tokens;
   train_data_->restore(meta.at("train_loader"));
   params_changed();

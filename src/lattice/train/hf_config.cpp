@@ -108,6 +108,13 @@ JsonValue lattice_object(const ModelConfig& c) {
   o.set("norm_eps", float_number(c.norm_eps));
   o.set("bias", JsonValue::boolean(c.bias));
   o.set("tie_embeddings", JsonValue::boolean(c.tie_embeddings));
+  if (c.n_experts > 0) {
+    o.set("n_experts", JsonValue::integer(c.n_experts));
+    o.set("top_k", JsonValue::integer(c.top_k));
+    o.set("moe_every", JsonValue::integer(c.moe_every));
+    o.set("n_shared_experts", JsonValue::integer(c.n_shared_experts));
+    o.set("moe_ffn_hidden", JsonValue::integer(c.moe_ffn()));
+  }
   return o;
 }
 
@@ -117,7 +124,8 @@ ModelConfig from_lattice_object(const JsonValue& o, const std::string& source) {
   for (const JsonValue::Member& m : o.as_object()) {
     static const char* const kKeys[] = {"family",     "n_layer",    "n_head",   "n_embd",   "vocab_size",
                                         "seq_len",    "norm",       "mlp",      "position", "n_kv_head",
-                                        "ffn_hidden", "rope_theta", "norm_eps", "bias",     "tie_embeddings"};
+                                        "ffn_hidden", "rope_theta", "norm_eps", "bias",     "tie_embeddings",
+                                        "n_experts",  "top_k",      "moe_every", "n_shared_experts", "moe_ffn_hidden"};
     LATTICE_CHECK(std::find_if(std::begin(kKeys), std::end(kKeys), [&](const char* k) { return m.first == k; }) !=
                       std::end(kKeys),
                   source << ": unknown key '" << p << m.first
@@ -144,6 +152,11 @@ ModelConfig from_lattice_object(const JsonValue& o, const std::string& source) {
   if (const JsonValue* v = optional(o, "norm_eps")) c.norm_eps = float_of(*v, p + "norm_eps", source);
   if (const JsonValue* v = optional(o, "bias")) c.bias = bool_of(*v, p + "bias", source);
   if (const JsonValue* v = optional(o, "tie_embeddings")) c.tie_embeddings = bool_of(*v, p + "tie_embeddings", source);
+  if (const JsonValue* v = optional(o, "n_experts")) c.n_experts = int_of(*v, p + "n_experts", source);
+  if (const JsonValue* v = optional(o, "top_k")) c.top_k = int_of(*v, p + "top_k", source);
+  if (const JsonValue* v = optional(o, "moe_every")) c.moe_every = int_of(*v, p + "moe_every", source);
+  if (const JsonValue* v = optional(o, "n_shared_experts")) c.n_shared_experts = int_of(*v, p + "n_shared_experts", source);
+  if (const JsonValue* v = optional(o, "moe_ffn_hidden")) c.moe_ffn_hidden = int_of(*v, p + "moe_ffn_hidden", source);
   return c;
 }
 
@@ -275,6 +288,12 @@ std::string text_of(float x) { return float_number(x).number_text(); }
 }  // namespace
 
 bool hf_class_computes(const ModelConfig& c) {
+  // Experts: HF's Mixtral when every layer is a plain top-k mixture of SwiGLU experts
+  // (Mixtral renormalises its top-k weights as lattice does for top_k >= 2).
+  if (c.n_experts > 0)
+    return c.family == Family::Llama && c.moe_every == 1 && c.n_shared_experts == 0 && c.top_k >= 2 && !c.bias &&
+           c.norm == model::NormKind::RMSNorm && c.mlp == model::MlpKind::SwiGLU &&
+           c.position == model::PositionKind::Rope;
   if (c.family == Family::Llama)
     return c.norm == model::NormKind::RMSNorm && c.mlp == model::MlpKind::SwiGLU &&
            c.position == model::PositionKind::Rope;
@@ -287,9 +306,15 @@ std::string hf_config_json(const ModelConfig& c) {
   set_hf_keys(o, c);
   if (hf_class_computes(c)) {
     const bool llama = c.family == Family::Llama;
-    o.set("architectures",
-          JsonValue::array().push_back(JsonValue::string(llama ? "LlamaForCausalLM" : "GPT2LMHeadModel")));
-    o.set("model_type", JsonValue::string(llama ? "llama" : "gpt2"));
+    const bool mixtral = c.n_experts > 0;
+    o.set("architectures", JsonValue::array().push_back(JsonValue::string(
+                               mixtral ? "MixtralForCausalLM" : llama ? "LlamaForCausalLM" : "GPT2LMHeadModel")));
+    o.set("model_type", JsonValue::string(mixtral ? "mixtral" : llama ? "llama" : "gpt2"));
+    if (mixtral) {
+      o.set("num_local_experts", JsonValue::integer(c.n_experts));
+      o.set("num_experts_per_tok", JsonValue::integer(c.top_k));
+      o.set("intermediate_size", JsonValue::integer(c.moe_ffn()));
+    }
   }
   o = sorted(o);
   o.set("lattice", lattice_object(c));

@@ -100,6 +100,19 @@ void Trainer::print_header() const {
         cpus_, node_cores(), node_cores() - local_ranks_ * cpus_);
   }
   std::printf("lattice: %s\n", dp_->describe().c_str());
+  if (expert_dp_) {
+    const model::ModelConfig& c = model_config_;
+    char capacity[48];
+    std::snprintf(capacity, sizeof capacity, ", capacity factor %g", config_.moe.capacity_factor);
+    std::printf(
+        "lattice: mixture of experts: %d of %d layers (every %d), %d experts of width %d, top-%d%s%s; %lld of %lld "
+        "parameters active per token; expert parallel over %d rank%s (%d experts each); experts: %s\n",
+        c.moe_layers(), c.n_layer, c.moe_every, c.n_experts, c.moe_ffn(), c.top_k,
+        c.n_shared_experts > 0 ? (" + " + std::to_string(c.n_shared_experts) + " shared").c_str() : "",
+        config_.moe.capacity_factor > 0 ? capacity : ", dropless",
+        static_cast<long long>(c.active_params()), static_cast<long long>(c.num_params()), config_.parallel.ep,
+        config_.parallel.ep == 1 ? "" : "s", c.n_experts / config_.parallel.ep, expert_dp_->describe().c_str());
+  }
   if (compute_ == DType::BF16)
     std::printf(
         "lattice: precision: bf16 compute (weights and stored activations rounded to bf16, f32 master "
@@ -178,12 +191,22 @@ void Trainer::print_step(const StepStats& s) const {
   if (tp_)
     std::snprintf(tp, sizeof tp, " | tp comm %.0f ms (%.0f%%)", s.tp_comm_ms,
                   s.step_ms > 0 ? 100.0 * s.tp_comm_ms / s.step_ms : 0.0);
+  char moe[160] = "";
+  if (s.moe) {
+    int n = std::snprintf(moe, sizeof moe, " | aux %.4f z %.4f | experts %.0f..%.0f", s.aux_loss, s.z_loss,
+                          s.expert_load_min, s.expert_load_max);
+    if (config_.moe.capacity_factor > 0 && n > 0)
+      n += std::snprintf(moe + n, sizeof moe - n, ", dropped %.1f%%", 100.0 * s.dropped_fraction);
+    if (config_.parallel.ep > 1 && n > 0)
+      std::snprintf(moe + n, sizeof moe - n, " | a2a %.0f ms %s", s.ep_comm_ms,
+                    format_bytes(static_cast<double>(s.ep_comm_bytes)).c_str());
+  }
   std::printf(
-      "step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f%s | %.1f ms | %s tok/s | MFU %.1f%% | mem %s%s%s%s\n",
+      "step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f%s | %.1f ms | %s tok/s | MFU %.1f%% | mem %s%s%s%s%s\n",
       static_cast<int>(std::to_string(config_.train.steps).size()), static_cast<long long>(s.step),
       static_cast<long long>(config_.train.steps), s.loss, val, s.lr, s.grad_norm, scale, s.step_ms,
       human_count(s.tokens_per_sec).c_str(), 100.0 * s.mfu, format_bytes(static_cast<double>(s.peak_mem_bytes)).c_str(),
-      comm, bubble, tp);
+      comm, bubble, tp, moe);
   std::fflush(stdout);
 }
 
@@ -218,6 +241,15 @@ void Trainer::write_metrics(const StepStats& s) {
   if (tp_) {
     fields.push_back({"tp_comm_ms", s.tp_comm_ms});
     fields.push_back({"tp_comm_bytes", static_cast<double>(s.tp_comm_bytes)});
+  }
+  if (s.moe) {
+    fields.push_back({"aux_loss", s.aux_loss});
+    fields.push_back({"z_loss", s.z_loss});
+    fields.push_back({"expert_load_min", s.expert_load_min});
+    fields.push_back({"expert_load_max", s.expert_load_max});
+    fields.push_back({"dropped_fraction", s.dropped_fraction});
+    fields.push_back({"ep_comm_ms", s.ep_comm_ms});
+    fields.push_back({"ep_comm_bytes", static_cast<double>(s.ep_comm_bytes)});
   }
   if (s.val_loss >= 0) fields.push_back({"val_loss", s.val_loss});
   metrics_->write(fields);

@@ -26,8 +26,11 @@
 #include "lattice/io/safetensors.h"
 #include "lattice/kernels/ops.h"
 #include "lattice/layers/context/context_parallel.h"
+#include "lattice/layers/expert/expert_parallel.h"
+#include "lattice/layers/expert/routing.h"
 #include "lattice/layers/tensor/tensor_parallel.h"
 #include "lattice/parallel/data/data_parallel.h"
+#include "lattice/parallel/data/group_hooks_router.h"
 #include "lattice/parallel/pipeline/executor.h"
 #include "lattice/parallel/pipeline/timeline.h"
 #include "lattice/parallel/zero/disk_store.h"
@@ -80,6 +83,11 @@ model::ModelConfig model_config_of(const io::ModelSection& m) {
   if (m.norm_eps) c.norm_eps = static_cast<float>(*m.norm_eps);
   if (m.bias) c.bias = *m.bias;
   if (m.tie_embeddings) c.tie_embeddings = *m.tie_embeddings;
+  c.n_experts = m.n_experts;
+  c.top_k = m.top_k;
+  c.moe_every = m.moe_every;
+  c.n_shared_experts = m.n_shared_experts;
+  c.moe_ffn_hidden = m.moe_ffn_hidden;
   return c;
 }
 
@@ -115,6 +123,13 @@ io::ModelSection model_section_of(const model::ModelConfig& c) {
   m.norm_eps = widened(c.norm_eps);
   m.bias = c.bias;
   m.tie_embeddings = c.tie_embeddings;
+  if (c.n_experts > 0) {  // (the other expert keys apply only with experts: io's conditional keys)
+    m.n_experts = c.n_experts;
+    m.top_k = c.top_k;
+    m.moe_every = c.moe_every;
+    m.n_shared_experts = c.n_shared_experts;
+    m.moe_ffn_hidden = c.moe_ffn();
+  }
   return m;
 }
 
@@ -165,7 +180,7 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options) : config_(
   const comm::MeshSizes sizes{p.pp, p.dp, p.cp, p.tp, p.ep};
   const int ranks = options_.ranks ? options_.ranks->size() : comm::world_size();
   comm::validate_mesh_sizes(ranks, sizes);
-  comm::refuse_unimplemented(sizes, {"dp", "tp", "pp", "cp"});
+  comm::refuse_unimplemented(sizes, {"dp", "tp", "pp", "cp", "ep"});
   mesh_ = std::make_unique<comm::ProcessMesh>(options_.ranks ? comm::ProcessMesh::create(sizes, *options_.ranks)
                                                              : comm::ProcessMesh::create(sizes));
   is_root_ = mesh_->world_rank() == 0;
@@ -273,14 +288,28 @@ void Trainer::build(uint64_t seed) {
   // the ZeRO stage keeps.
   if (p.tp > 1) tp_ = std::make_unique<tensor::TensorParallel>(mesh_->tp(), p.sequence_parallel);
   if (p.cp > 1) cp_ = std::make_unique<context::ContextParallel>(mesh_->cp(), context::parse_mode(p.cp_mode));
+  const bool experts = model_config_.n_experts > 0;
+  if (experts) {
+    ep_ = std::make_unique<expert::ExpertParallel>(p.ep > 1 ? &mesh_->ep() : nullptr, model_config_.n_experts);
+    expert_bias_.assign(static_cast<size_t>(model_config_.n_layer) * model_config_.n_experts, 0.0f);
+  }
+  model::parts::MoeOptions moe;
+  moe.aux_loss_coef = config_.moe.aux_loss_coef;
+  moe.z_loss_coef = config_.moe.z_loss_coef;
+  moe.capacity_factor = config_.moe.capacity_factor;
+  moe.token_bound = config_.moe.token_bound;
   std::vector<model::GPT*> parts;
   part_of_stage_.assign(static_cast<size_t>(S), -1);
   for (int s = 0; s < S; s++) {
     if (schedule_.rank_of_stage[s] != mesh_->coord().pp) continue;
-    const model::StageLayers layers{cut_[s].first, cut_[s].last};
+    const model::StageLayers layers{cut_[s].first, cut_[s].last, p.ep, mesh_->coord().ep};
     parts_.push_back(std::make_unique<model::GPT>(model_config_, model::GPT::Unallocated{}, tp_.get(), layers));
     parts_.back()->set_compute_dtype(compute_);
     parts_.back()->set_context_parallel(cp_.get());
+    if (experts) {
+      parts_.back()->set_expert_parallel(p.ep > 1 ? ep_.get() : nullptr);
+      parts_.back()->set_moe_options(moe);
+    }
     parts_.back()->set_recompute(model::recompute_policy(recompute, layers.first_layer, layers.last_layer));
     part_of_stage_[s] = static_cast<int>(parts.size());
     parts.push_back(parts_.back().get());
@@ -302,14 +331,44 @@ void Trainer::build(uint64_t seed) {
   // Context-parallel ranks hold the same parameters and different tokens,
   // like data-parallel ones: the engine averages (and ZeRO shards) over dp×cp.
   dpo.context_parallel = p.cp;
-  dp_ = std::make_unique<parallel::DataParallel>(parts, mesh_->dp_cp(), dpo);
+  if (experts) {
+    // Two engines over one model: the dense groups averaged over dp×cp, the
+    // experts over the ranks that hold the same experts (the dp·cp/ep
+    // replicas of this ep position, and the TP ranks, each of which routed
+    // its share of the rows) — and scaled by the same 1/(dp·cp) (the expert
+    // ranks' sums hold every dp×cp rank's tokens; dividing by the expert
+    // group's size instead is the bug that trains experts ep times too fast).
+    auto order = [](const model::GPT& m, model::GroupHooks::Pass pass) { return m.group_order(pass); };
+    dpo.order = order;
+    dpo.install_hooks = false;
+    parallel::DataParallelOptions edo = dpo;
+    dpo.owns = [](const model::GPT& m, size_t g) { return !m.is_expert_group(g); };
+    edo.owns = [](const model::GPT& m, size_t g) { return m.is_expert_group(g); };
+    edo.whole_group_norm = true;
+    dpo.name = "dense", edo.name = "experts";
+    dp_ = std::make_unique<parallel::DataParallel>(parts, mesh_->dp_cp(), dpo);
+    expert_dp_ = std::make_unique<parallel::DataParallel>(parts, mesh_->expert_replicas(), edo);
+    for (size_t j = 0; j < parts.size(); j++) {
+      hooks_routers_.push_back(std::make_unique<parallel::GroupHooksRouter>(
+          std::vector<parallel::DataParallel*>{dp_.get(), expert_dp_.get()}, j));
+      parts[j]->set_hooks(hooks_routers_.back().get());
+    }
+  } else {
+    dp_ = std::make_unique<parallel::DataParallel>(parts, mesh_->dp_cp(), dpo);
+  }
   executor_ = std::make_unique<pipeline::Executor>(schedule_, parts, mesh_->pp());
   // The wiring: the engine reduces a part's gradients in its last backward
   // of the step, told by the executor; the tied embedding's two copies (first
   // and last stage) are summed by the engine, over the executor's link
   // between those stages.
-  executor_->on_backward([this](int stage, bool last) { dp_->before_backward(part_of_stage_[stage], last); });
-  executor_->on_stage_done([this](int stage) { dp_->part_done(part_of_stage_[stage]); });
+  executor_->on_backward([this](int stage, bool last) {
+    dp_->before_backward(part_of_stage_[stage], last);
+    if (expert_dp_) expert_dp_->before_backward(part_of_stage_[stage], last);
+  });
+  executor_->on_stage_done([this](int stage) {
+    dp_->part_done(part_of_stage_[stage]);
+    if (expert_dp_) expert_dp_->part_done(part_of_stage_[stage]);
+  });
   pipeline::Executor* ex = executor_.get();
   dp_->set_tied_sum([ex](float* first, float* last, size_t n) { ex->sum_tied(first, last, n); });
 
@@ -323,8 +382,10 @@ void Trainer::build(uint64_t seed) {
     check_init_from(what, files, file, model_config_);
     const HfSource src = safetensors_source(file, files.safetensors);
     load_state(&src, 1);
+    if (expert_dp_) load_expert_bias(file);
   } else if (config_.checkpoint.resume.empty()) {
     dp_->initialize(seed);
+    if (expert_dp_) expert_dp_->initialize(seed);
   }
   const size_t n = static_cast<size_t>(config_.train.micro_batch_size) * T;
   inputs_.assign(static_cast<size_t>(micro_batches_), std::vector<int32_t>(n));
@@ -502,9 +563,14 @@ StepStats Trainer::train_step_unguarded() {
   // The micro-batches through the schedule; each part's gradients go to the
   // other replicas as its last backward of the step writes them.
   dp_->begin_step(step_);
+  if (expert_dp_) {
+    expert_dp_->begin_step(step_);
+    for (auto& part : parts_) part->reset_moe_stats();
+  }
   executor_->set_loss_scale(loss_grad_factor());
   double loss = executor_->run_step(next_batches(*train_data_), B, local_seq_len());
   dp_->finish_gradients();
+  if (expert_dp_) expert_dp_->finish_gradients();
   if (tp_) parallel::average_replicated_grads(dp_->reducer(), dp_->optimizer(), mesh_->tp());
   // The gradients now hold the sum over the replicas of each one's mean over
   // its micro-batches: 1/replicas makes it the mean over the global batch.
@@ -517,11 +583,21 @@ StepStats Trainer::train_step_unguarded() {
   double sum_squares = dp_->grad_sum_squares();
   if (mesh_->pp().size() > 1) mesh_->pp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
   if (tp_) mesh_->tp().all_reduce(&sum_squares, 1, DType::F64, comm::ReduceOp::Sum);
+  if (expert_dp_) {
+    // The experts: each element once over the ranks holding the same experts
+    // (the engine's sum), then over the other experts (ep) and layers (pp).
+    double experts = expert_dp_->grad_sum_squares();
+    if (mesh_->ep().size() > 1) mesh_->ep().all_reduce(&experts, 1, DType::F64, comm::ReduceOp::Sum);
+    if (mesh_->pp().size() > 1) mesh_->pp().all_reduce(&experts, 1, DType::F64, comm::ReduceOp::Sum);
+    sum_squares += experts;
+  }
   // The norm of the mean gradient, the loss scale taken out.
   const double norm = std::sqrt(sum_squares) / replicas / step_scale;
   if (apply_update(loss, norm)) {
-    dp_->optimizer_step(lr, static_cast<float>(optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) /
-                                               (static_cast<double>(replicas) * step_scale)));
+    const float grad_scale = static_cast<float>(optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) /
+                                                (static_cast<double>(replicas) * step_scale));
+    dp_->optimizer_step(lr, grad_scale);
+    if (expert_dp_) expert_dp_->optimizer_step(lr, grad_scale);
     params_changed();
   }
   step_++;
@@ -549,6 +625,14 @@ StepStats Trainer::train_step_unguarded() {
   const parallel::GradientReducer::Bytes g = dp_->reducer().bytes();
   s.grad_bytes = g.sent;
   s.grad_bytes_uncompressed = g.uncompressed;
+  if (expert_dp_) {
+    const parallel::DataParallel::StepComm e = expert_dp_->step_comm();
+    s.comm_ms += e.ran_s * 1e3;
+    s.comm_exposed_ms += e.exposed_s * 1e3;
+    s.comm_bytes += e.bytes;
+    s.comm_hidden = s.comm_ms > 0 ? std::max(0.0, 1.0 - s.comm_exposed_ms / s.comm_ms) : 1.0;
+    finish_moe_step(s);
+  }
   if (schedule_.ranks > 1) {
     // The measured bubble beside the simulator's, fed this step's mean cost
     // of each kind of action on each stage.
@@ -571,6 +655,57 @@ StepStats Trainer::train_step_unguarded() {
   s.tokens_per_sec = tokens / (s.step_ms / 1e3);
   s.mfu = s.tokens_per_sec * model_config_.flops_per_token(T) / (peak_flops_ * mesh_->world().size());
   return s;
+}
+
+parallel::DataParallel& Trainer::engine_of(size_t part, size_t g) {
+  return expert_dp_ && parts_[part]->is_expert_group(g) ? *expert_dp_ : *dp_;
+}
+
+void Trainer::finish_moe_step(StepStats& s) {
+  const int E = model_config_.n_experts, L = model_config_.n_layer;
+  // Every layer's loads (this rank's rows), and the sums to report, over the
+  // world: each token was routed by exactly one rank (TP ranks route shares
+  // of the rows, CP ranks other positions, pipeline stages other layers).
+  std::vector<double> v(static_cast<size_t>(L) * E + 6, 0.0);
+  double* tail = v.data() + static_cast<size_t>(L) * E;
+  for (const auto& part : parts_) {
+    const auto& stats = part->moe_stats();
+    for (int i = 0; i < static_cast<int>(stats.size()); i++) {
+      const model::parts::MoeStats& st = stats[static_cast<size_t>(i)];
+      if (st.load.empty()) continue;
+      const int l = part->first_layer() + i;
+      for (int e = 0; e < E; e++) v[static_cast<size_t>(l) * E + e] += st.load[static_cast<size_t>(e)];
+      tail[0] += st.aux, tail[1] += st.z, tail[2] += static_cast<double>(st.micro_batches);
+      tail[3] += static_cast<double>(st.pairs), tail[4] += static_cast<double>(st.dropped);
+    }
+  }
+  if (mesh_->world().size() > 1) mesh_->world().all_reduce(v.data(), v.size(), DType::F64, comm::ReduceOp::Sum);
+  // L_aux is the micro-batch's on each of the tp×cp ranks that share it (the
+  // mean over them is the same); L_z is each rank's share of it.
+  const double shares = static_cast<double>(config_.parallel.tp) * config_.parallel.cp;
+  s.moe = true;
+  s.aux_loss = tail[2] > 0 ? tail[0] / tail[2] : 0;
+  s.z_loss = tail[2] > 0 ? tail[1] / (tail[2] / shares) : 0;
+  s.dropped_fraction = tail[3] > 0 ? tail[4] / tail[3] : 0;
+  s.expert_load_min = std::numeric_limits<double>::infinity(), s.expert_load_max = 0;
+  for (int l = 0; l < L; l++) {
+    if (!model_config_.is_moe_layer(l)) continue;
+    for (int e = 0; e < E; e++) {
+      const double load = v[static_cast<size_t>(l) * E + e];
+      s.expert_load_min = std::min(s.expert_load_min, load), s.expert_load_max = std::max(s.expert_load_max, load);
+    }
+  }
+  for (const auto& part : parts_) s.ep_comm_bytes += part->moe_comm_bytes(), s.ep_comm_ms += part->moe_comm_seconds() * 1e3;
+  // The auxiliary-loss-free bias follows the step's global loads (every rank
+  // computes the same update of every layer), unless the step was skipped.
+  const double rate = config_.moe.bias_update_rate;
+  if (rate > 0 && !s.skipped) {
+    for (int l = 0; l < L; l++)
+      if (model_config_.is_moe_layer(l))
+        expert::update_selection_bias(expert_bias_.data() + static_cast<size_t>(l) * E,
+                                      v.data() + static_cast<size_t>(l) * E, E, rate);
+    for (auto& part : parts_) part->expert_bias() = expert_bias_;
+  }
 }
 
 double Trainer::evaluate() {

@@ -39,6 +39,7 @@
 
 namespace lattice::io {
 class MetricsWriter;
+class SafeTensorsReader;
 }
 namespace lattice::comm {
 class Communicator;
@@ -46,6 +47,7 @@ class ProcessMesh;
 }
 namespace lattice::parallel {
 class DataParallel;
+class GroupHooksRouter;
 struct CompressionOptions;
 }
 namespace lattice::tensor {
@@ -53,6 +55,9 @@ class TensorParallel;
 }
 namespace lattice::context {
 class ContextParallel;
+}
+namespace lattice::expert {
+class ExpertParallel;
 }
 namespace lattice::pipeline {
 struct MicroBatch;
@@ -84,6 +89,16 @@ struct StepStats {
   // overflowed on some rank (the update was skipped everywhere).
   double loss_scale = 1;
   bool skipped = false;
+  // Mixture of experts (model.n_experts > 0; docs/moe.md): the balancing
+  // losses (mean over MoE layers and micro-batches), the pairs each expert
+  // took over the step (min and max over every MoE layer's experts), the
+  // share of pairs a capacity dropped, and expert parallelism's all-to-alls
+  // (rank 0's bytes sent and wall time).
+  bool moe = false;
+  double aux_loss = 0, z_loss = 0, dropped_fraction = 0;
+  double expert_load_min = 0, expert_load_max = 0;
+  double ep_comm_ms = 0;
+  uint64_t ep_comm_bytes = 0;
 };
 
 struct TrainerOptions {
@@ -123,6 +138,11 @@ class Trainer {
   const std::vector<std::unique_ptr<model::GPT>>& parts() const { return parts_; }
   optim::AdamW& optimizer();
   parallel::DataParallel& data_parallel() { return *dp_; }
+  // Mixture of experts: the engine of the expert groups (over the ranks that
+  // hold the same experts; null for a dense model), and the selection bias of
+  // every layer [n_layer][E] (every rank has all of it).
+  parallel::DataParallel* expert_data_parallel() { return expert_dp_.get(); }
+  const std::vector<float>& expert_bias() const { return expert_bias_; }
   // Every parameter as its full logical tensor in HF layout (the checkpoint's
   // view: the same names and values whatever the layout). Collective: every
   // rank calls it; every rank gets the tensors.
@@ -197,6 +217,22 @@ class Trainer {
   std::vector<int> part_of_stage_;                    // stage -> index in parts_, -1 elsewhere
   std::unique_ptr<model::GPT> layout_model_;          // the whole model, declared only (checkpoint names)
   std::unique_ptr<parallel::DataParallel> dp_;
+  // Mixture of experts: the ep group's dispatcher, the engine of the expert
+  // groups, the hooks that send each group's calls to its engine, and the
+  // selection bias of every layer.
+  std::unique_ptr<expert::ExpertParallel> ep_;
+  std::unique_ptr<parallel::DataParallel> expert_dp_;
+  std::vector<std::unique_ptr<parallel::GroupHooksRouter>> hooks_routers_;
+  std::vector<float> expert_bias_;
+  // The engine that holds part j's group g.
+  parallel::DataParallel& engine_of(size_t part, size_t g);
+  // After the gradients are reduced: the MoE step statistics into s, and the selection bias updated.
+  void finish_moe_step(StepStats& s);
+  // The selection bias from a model file (zeros where it has none: a Mixtral
+  // file from elsewhere), given to every part.
+  void load_expert_bias(const io::SafeTensorsReader& file);
+  // The whole model's MoE layer l's experts as HF tensors (group_tensors' expert-parallel case).
+  std::vector<HfTensor> expert_group_tensors(int layer, ModelBuffer which, bool all_ranks);
   std::unique_ptr<pipeline::Executor> executor_;
   std::unique_ptr<BatchSource> train_data_, val_data_;
   std::unique_ptr<io::MetricsWriter> metrics_;

@@ -521,14 +521,16 @@ double DataParallel::grad_sum_squares() {
       if (!p->owned[g]) continue;
       model::ParamGroup& group = p->groups[g];
       for (const ShardLayout::Run& run : p->opt_layout.runs(group, g)) {
-        if (!p->model.counts_in_norm(g, group.params()[run.param])) continue;
+        const bool counts = options_.whole_group_norm ? stage() > 0 || stream_->comm().rank() == 0
+                                                      : p->model.counts_in_norm(g, group.params()[run.param]);
+        if (!counts) continue;
         const float* grad =
             stage() >= 2 ? p->shard_grads[g].as<float>() + run.shard_offset : group.grad_storage() + run.begin;
         local += kernels::sum_squares(grad, run.n);
       }
     }
-  // Stage 0: every rank holds the whole summed gradient already.
-  return stage() == 0 ? local : sum_over_ranks(local);
+  // Stage 0: every rank holds the whole summed gradient already (whole_group_norm: counted by rank 0, summed).
+  return stage() == 0 && !options_.whole_group_norm ? local : sum_over_ranks(local);
 }
 
 void DataParallel::optimizer_step(float lr, float grad_scale) {

@@ -110,6 +110,12 @@ struct DataParallelOptions {
   // engines serve the model: a GroupHooksRouter over their hooks(part) is
   // installed instead.
   bool install_hooks = true;
+  // The engine's group holds each element of its groups once among its
+  // ranks (experts: whole on every TP rank, and the group spans the TP
+  // ranks): grad_sum_squares counts every element of this rank's shards
+  // (not GPT::counts_in_norm's TP rank 0 only), at stage 0 on the group's
+  // rank 0 only (every rank holds the whole sum there).
+  bool whole_group_norm = false;
   // Names this engine's offload files (two engines on one rank offloading to
   // one directory need different names) and its describe(); "" for the only one.
   std::string name;
