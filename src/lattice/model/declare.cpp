@@ -413,6 +413,13 @@ void GPT::reset_moe_stats() {
   if (ep_) ep_->reset_counters();
 }
 
+const std::vector<int64_t>& GPT::routing_counts(int slot, int stage_layer) const {
+  LATTICE_CHECK(slot >= 0 && static_cast<size_t>(slot) < slots_.size() && slots_[slot] &&
+                    static_cast<size_t>(stage_layer) < slots_[slot]->moe.size() && slots_[slot]->moe[stage_layer],
+                "routing_counts: no MoE forward of slot " << slot << " through stage layer " << stage_layer);
+  return slots_[slot]->moe[stage_layer]->counts;
+}
+
 uint64_t GPT::moe_comm_bytes() const { return ep_ ? ep_->bytes() : 0; }
 double GPT::moe_comm_seconds() const { return ep_ ? ep_->seconds() : 0; }
 

@@ -288,6 +288,10 @@ class GPT {
   // reset_moe_stats() (indexed by stage layer; dense layers' stay empty).
   const std::vector<parts::MoeStats>& moe_stats() const { return moe_stats_; }
   void reset_moe_stats();
+  // The routing map's counts of micro-batch slot `slot`'s last forward through
+  // stage layer `stage_layer` (an MoE layer): [ep][E] pairs each ep rank sent
+  // to each expert (tests check the all-to-all bytes against them).
+  const std::vector<int64_t>& routing_counts(int slot, int stage_layer) const;
   // The all-to-all bytes sent and seconds spent since the last reset (0 without expert parallelism).
   uint64_t moe_comm_bytes() const;
   double moe_comm_seconds() const;
