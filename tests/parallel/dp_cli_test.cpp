@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -265,6 +266,57 @@ TEST(DataParallelJob, AKilledRankEndsTheJobAndTheLastCheckpointLoads) {
 }
 
 // Bad input: one line naming what is wrong, non-zero, for each case.
+// Rewrites tensor `name` of a safetensors file (F32) in place with `values`.
+void overwrite_tensor(const fs::path& file, const std::string& name, const std::vector<float>& values) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header_len = 0;
+  f.read(reinterpret_cast<char*>(&header_len), 8);
+  std::string header(header_len, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(header_len));
+  std::smatch m;
+  const std::regex entry("\"" + std::regex_replace(name, std::regex("\\."), "\\.") +
+                         "\":\\{[^}]*\"data_offsets\":\\[(\\d+),(\\d+)\\]");
+  ASSERT_TRUE(std::regex_search(header, m, entry)) << name << " not in " << file;
+  const uint64_t begin = std::stoull(m[1]), end = std::stoull(m[2]);
+  ASSERT_EQ(end - begin, values.size() * sizeof(float)) << name;
+  f.seekp(static_cast<std::streamoff>(8 + header_len + begin));
+  f.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(end - begin));
+}
+
+// A router that sends every token to two experts of one expert-parallel
+// rank (a selection bias of 100 on experts 0 and 1, both on ep rank 0):
+// with moe.token_bound=1 that rank's buffers hold half of what arrives, and
+// both ranks stop before the all-to-all with a message naming the layer and
+// the counts; sized for the worst case (the default) the same job runs.
+TEST(DataParallelJob, AnAdversarialRouterStopsTheJobBeforeItAllocates) {
+  const fs::path dir = scratch("moe_guard");
+  const std::string moe = kTiny + "--set model.n_experts=8 --set model.top_k=2 --set model.moe_ffn_hidden=32 ";
+  Child init = spawn(std::string(LATTICE_BIN) + " train " + moe + "--set train.steps=1 --set checkpoint.dir=" +
+                         (dir / "init").string(),
+                     dir / "init.log");
+  init.wait(60);
+  ASSERT_EQ(init.status, 0) << init.output();
+  const fs::path model = dir / "init" / "step_000001" / "model.safetensors";
+  for (int l = 0; l < 2; l++)
+    overwrite_tensor(model, "h." + std::to_string(l) + ".mlp.router.expert_bias", {100, 100, 0, 0, 0, 0, 0, 0});
+  const std::string job = mpiexec(2) + LATTICE_BIN + " train " + moe +
+                          "--set parallel.dp=2 --set parallel.ep=2 --set train.steps=3 --set checkpoint.init_from=" +
+                          model.string();
+  Child bounded = spawn(job + " --set moe.token_bound=1", dir / "bounded.log");
+  bounded.wait(60);
+  const std::string out = bounded.output();
+  EXPECT_NE(bounded.status, 0) << out;
+  EXPECT_LT(bounded.seconds, 30) << out;
+  EXPECT_TRUE(contains(out, "MoE layer 0: the router sends 128 rows to the experts of expert-parallel rank 0 "
+                            "(expert 0: 64, expert 1: 64, expert 2: 0, expert 3: 0), past the 64 its buffers hold"))
+      << out;
+  EXPECT_TRUE(contains(out, "raise moe.token_bound")) << out;
+  Child worst = spawn(job, dir / "worst.log");
+  worst.wait(60);
+  EXPECT_EQ(worst.status, 0) << worst.output();
+  EXPECT_TRUE(contains(worst.output(), "experts 0..64")) << worst.output();  // all 128 pairs of a step on experts 0 and 1
+}
+
 TEST(DataParallelJob, BadInputNamesTheKey) {
   const fs::path dir = scratch("bad");
   struct Case {

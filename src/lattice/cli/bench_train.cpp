@@ -63,8 +63,8 @@ static int bench_train(const std::vector<std::string>& args) {
   for (long long i = 0; i < warmup; i++) trainer.train_step();
   std::vector<double> ms;
   double comm_ms = 0, hidden = 0, tp_ms = 0, bubble = 0, bubble_sim = 0;
-  uint64_t comm_bytes = 0, tp_bytes = 0;
-  double loss_last = 0;
+  uint64_t comm_bytes = 0, tp_bytes = 0, ep_bytes = 0;
+  double loss_last = 0, route_ms = 0, expert_ms = 0, ep_ms = 0;
   Timer total;
   for (long long i = 0; i < steps; i++) {
     const train::StepStats st = trainer.train_step();
@@ -73,6 +73,7 @@ static int bench_train(const std::vector<std::string>& args) {
     comm_ms += st.comm_ms, hidden += st.comm_hidden, comm_bytes += st.comm_bytes;
     tp_ms += st.tp_comm_ms, tp_bytes += st.tp_comm_bytes;
     bubble += st.pp_bubble, bubble_sim += st.pp_bubble_simulated;
+    route_ms += st.moe_route_ms, expert_ms += st.moe_expert_ms, ep_ms += st.ep_comm_ms, ep_bytes += st.ep_comm_bytes;
   }
   const double seconds = total.seconds();
   const int ranks = trainer.mesh().world().size(), dp = trainer.mesh().dp().size();
@@ -104,7 +105,9 @@ static int bench_train(const std::vector<std::string>& args) {
         "\"optimizer_bytes\":%zu,\"activations_bytes\":%zu,\"model_state_bytes\":%.0f,\"dp\":%d,\"tp\":%d,"
         "\"sequence_parallel\":%s,\"tp_comm_ms\":%.3f,\"tp_comm_bytes_per_step\":%.0f,"
         "\"stored_activation_bytes\":%zu,\"cp\":%d,\"cp_mode\":\"%s\",\"pp\":%d,\"schedule\":%s,\"micro_batches\":%d,\"pp_bubble\":%.4f,"
-        "\"pp_bubble_simulated\":%.4f,\"compute\":\"%s\",\"loss_last\":%.6f,\"cpu\":%s,\"isa\":\"%s\"}\n",
+        "\"pp_bubble_simulated\":%.4f,\"compute\":\"%s\",\"loss_last\":%.6f,\"n_experts\":%d,\"top_k\":%d,\"ep\":%d,"
+        "\"active_params\":%lld,\"moe_route_ms\":%.3f,\"moe_expert_ms\":%.3f,\"ep_comm_ms\":%.3f,"
+        "\"ep_comm_bytes_per_step\":%.0f,\"cpu\":%s,\"isa\":\"%s\"}\n",
         model::name_of(mc.family), mc.n_layer, mc.n_head, mc.kv_heads(), mc.n_embd, mc.ffn(), mc.vocab_size,
         mc.tie_embeddings ? "true" : "false", static_cast<long long>(mc.num_params() - mc.lookup_params()),
         mc.flops_per_token(cfg.model.seq_len), cfg.train.micro_batch_size, cfg.model.seq_len,
@@ -118,7 +121,10 @@ static int bench_train(const std::vector<std::string>& args) {
         trainer.model().stored_activation_bytes(cfg.train.micro_batch_size, cfg.model.seq_len / cfg.parallel.cp),
         cfg.parallel.cp, cfg.parallel.cp_mode.c_str(), cfg.parallel.pp,
         io::json_quote(cfg.parallel.schedule).c_str(), trainer.micro_batches(), bubble / steps, bubble_sim / steps,
-        cfg.precision.compute.c_str(), loss_last, io::json_quote(cpu_info().model).c_str(), isa_name(active_isa()));
+        cfg.precision.compute.c_str(), loss_last, mc.n_experts, mc.n_experts > 0 ? mc.top_k : 0, cfg.parallel.ep,
+        static_cast<long long>(mc.active_params() - mc.lookup_params()), route_ms / steps, expert_ms / steps,
+        ep_ms / steps, static_cast<double>(ep_bytes) / steps, io::json_quote(cpu_info().model).c_str(),
+        isa_name(active_isa()));
   } else {
     std::printf("model L=%d C=%d H=%d V=%d, batch %d x %d x %d micro-batches x %d dp ranks, %d threads per rank, "
                 "%lld steps\n",

@@ -106,7 +106,7 @@ void Trainer::print_header() const {
     std::snprintf(capacity, sizeof capacity, ", capacity factor %g", config_.moe.capacity_factor);
     std::printf(
         "lattice: mixture of experts: %d of %d layers (every %d), %d experts of width %d, top-%d%s%s; %lld of %lld "
-        "parameters active per token; expert parallel over %d rank%s (%d experts each); experts: %s\n",
+        "parameters active per token; expert parallel over %d rank%s (%d experts each); %s\n",
         c.moe_layers(), c.n_layer, c.moe_every, c.n_experts, c.moe_ffn(), c.top_k,
         c.n_shared_experts > 0 ? (" + " + std::to_string(c.n_shared_experts) + " shared").c_str() : "",
         config_.moe.capacity_factor > 0 ? capacity : ", dropless",
@@ -250,6 +250,8 @@ void Trainer::write_metrics(const StepStats& s) {
     fields.push_back({"dropped_fraction", s.dropped_fraction});
     fields.push_back({"ep_comm_ms", s.ep_comm_ms});
     fields.push_back({"ep_comm_bytes", static_cast<double>(s.ep_comm_bytes)});
+    fields.push_back({"moe_route_ms", s.moe_route_ms});
+    fields.push_back({"moe_expert_ms", s.moe_expert_ms});
   }
   if (s.val_loss >= 0) fields.push_back({"val_loss", s.val_loss});
   metrics_->write(fields);

@@ -677,6 +677,7 @@ void Trainer::finish_moe_step(StepStats& s) {
       for (int e = 0; e < E; e++) v[static_cast<size_t>(l) * E + e] += st.load[static_cast<size_t>(e)];
       tail[0] += st.aux, tail[1] += st.z, tail[2] += static_cast<double>(st.micro_batches);
       tail[3] += static_cast<double>(st.pairs), tail[4] += static_cast<double>(st.dropped);
+      s.moe_route_ms += st.route_s * 1e3, s.moe_expert_ms += st.expert_s * 1e3;
     }
   }
   if (mesh_->world().size() > 1) mesh_->world().all_reduce(v.data(), v.size(), DType::F64, comm::ReduceOp::Sum);

@@ -99,6 +99,9 @@ struct StepStats {
   double expert_load_min = 0, expert_load_max = 0;
   double ep_comm_ms = 0;
   uint64_t ep_comm_bytes = 0;
+  // Rank 0's wall time in the MoE layers outside the all-to-alls: routing and
+  // the permutations, and the expert MLPs (routed and shared).
+  double moe_route_ms = 0, moe_expert_ms = 0;
 };
 
 struct TrainerOptions {

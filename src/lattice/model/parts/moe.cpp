@@ -1,6 +1,7 @@
 #include "lattice/model/parts/moe.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -17,6 +18,18 @@
 namespace lattice::model::parts {
 
 namespace k = lattice::kernels;
+
+namespace {
+// Adds the wall time of a scope to *to (null: not timed).
+struct Timed {
+  double* to;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  explicit Timed(double* t) : to(t) {}
+  ~Timed() {
+    if (to) *to += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+}  // namespace
 
 Moe::Moe(tensor::TensorParallel* tp, comm::Communicator* cp, expert::ExpertParallel* ep, MlpKind kind, int C, int E,
          int top_k, int F, int F_shared, MoeParams params, const MoeOptions& options, const float* bias,
@@ -122,6 +135,10 @@ void Moe::forward(MoeActs& a, MoeWork& w, float* y, const float* ln, float* work
   ensure(a, w, N);
   const bool sp = tp_ && tp_->sequence_parallel();
   const bool split = tp_ && !sp;  // the rows are replicated: this rank routes its 1/t of them
+  double* route_s = stats_ ? &stats_->route_s : nullptr;
+  double* expert_s = stats_ ? &stats_->expert_s : nullptr;
+  const double a2a_before = ep_->seconds(), expert_before = expert_s ? *expert_s : 0;
+  Timed whole(route_s);  // everything but the experts and the all-to-alls (taken out at the end)
   const int64_t R = routed_rows(N), row0 = first_routed_row(N), C = C_;
   LATTICE_CHECK(!tp_ || N % tp_->size() == 0,
                 "an MoE layer under parallel.tp=" << tp_->size() << " routes 1/tp of a micro-batch's " << N
@@ -201,13 +218,16 @@ void Moe::forward(MoeActs& a, MoeWork& w, float* y, const float* ln, float* work
     if (a.slot[i] >= 0) std::memcpy(w.send + a.slot[i] * C, X + (i / k_) * C, static_cast<size_t>(C) * sizeof(float));
   ep_->dispatch(plan, w.send, a.x_exp, w.recv, C);
   const int FU = this->FU();
-  int64_t off = 0;
-  for (int le = 0; le < plan.local; le++) {
-    const int64_t n = plan.expert_rows(le);
-    if (n == 0) continue;
-    Mlp(nullptr, kind_, C_, F_, params_.up[le], params_.down[le])
-        .forward(w.exp_a + off * C, a.fch + off * FU, a.hid + off * F_, a.x_exp + off * C, nullptr, n, q);
-    off += n;
+  {
+    Timed experts(expert_s);
+    int64_t off = 0;
+    for (int le = 0; le < plan.local; le++) {
+      const int64_t n = plan.expert_rows(le);
+      if (n == 0) continue;
+      Mlp(nullptr, kind_, C_, F_, params_.up[le], params_.down[le])
+          .forward(w.exp_a + off * C, a.fch + off * FU, a.hid + off * F_, a.x_exp + off * C, nullptr, n, q);
+      off += n;
+    }
   }
   ep_->combine(plan, w.exp_a, a.out_send, w.recv, C);
 
@@ -232,11 +252,13 @@ void Moe::forward(MoeActs& a, MoeWork& w, float* y, const float* ln, float* work
   }
   const int64_t out_rows = sp ? R : N;
   if (F_sh_ > 0) {
+    Timed shared(expert_s);
     Mlp(tp_, kind_, C_, F_sh_, params_.shared_up, params_.shared_down).forward(y, a.sh_fch, a.sh_hid, ln, work, N, q);
     k::add_inplace(y, routed, out_rows * C);
   } else {
     std::memcpy(y, routed, static_cast<size_t>(out_rows * C) * sizeof(float));
   }
+  if (route_s) *route_s -= (ep_->seconds() - a2a_before) + (*expert_s - expert_before);
 }
 
 void Moe::backward_input(MoeActs& a, MoeWork& w, float* dln, const float* dy_slice, float* dy_whole, int64_t N) {
@@ -245,6 +267,10 @@ void Moe::backward_input(MoeActs& a, MoeWork& w, float* dln, const float* dy_sli
   const int64_t R = a.R, row0 = first_routed_row(N), C = C_;
   LATTICE_CHECK(a.N == N, "internal: MoE layer " << layer_ << "'s backward on " << N << " rows, forward on " << a.N);
   const float* dY = split ? dy_whole + row0 * C : dy_slice;
+  double* route_s = stats_ ? &stats_->route_s : nullptr;
+  double* expert_s = stats_ ? &stats_->expert_s : nullptr;
+  const double a2a_before = ep_->seconds(), expert_before = expert_s ? *expert_s : 0;
+  Timed whole(route_s);
   expert::ExpertParallel::Plan plan;
   plan.E = E_, plan.ep = ep_->size(), plan.first = ep_->first_expert(), plan.local = ep_->local_experts();
   plan.counts = a.counts;
@@ -284,14 +310,17 @@ void Moe::backward_input(MoeActs& a, MoeWork& w, float* dln, const float* dy_sli
   }
   ep_->dispatch(plan, w.send, a.dout_exp, w.recv, C);
   const int FU = this->FU();
-  int64_t off = 0;
-  for (int le = 0; le < plan.local; le++) {
-    const int64_t n = plan.expert_rows(le);
-    if (n == 0) continue;
-    Mlp(nullptr, kind_, C_, F_, params_.up[le], params_.down[le])
-        .backward_input(w.exp_a + off * C, a.dfch + off * FU, w.exp_b, a.dout_exp + off * C, a.dout_exp + off * C,
-                        a.fch + off * FU, n);
-    off += n;
+  {
+    Timed experts(expert_s);
+    int64_t off = 0;
+    for (int le = 0; le < plan.local; le++) {
+      const int64_t n = plan.expert_rows(le);
+      if (n == 0) continue;
+      Mlp(nullptr, kind_, C_, F_, params_.up[le], params_.down[le])
+          .backward_input(w.exp_a + off * C, a.dfch + off * FU, w.exp_b, a.dout_exp + off * C, a.dout_exp + off * C,
+                          a.fch + off * FU, n);
+      off += n;
+    }
   }
   ep_->combine(plan, w.exp_a, w.send, w.recv, C);
   // The router: dlogits from dw, the aux loss and the z-loss.
@@ -318,17 +347,20 @@ void Moe::backward_input(MoeActs& a, MoeWork& w, float* dln, const float* dy_sli
   }
   const int64_t out_rows = sp ? R : N;
   if (F_sh_ > 0) {
+    Timed shared(expert_s);
     Mlp(tp_, kind_, C_, F_sh_, params_.shared_up, params_.shared_down)
         .backward_input(dln, a.sh_dfch, w.exp_b, dy_slice, dy_whole, a.sh_fch, N);
     k::add_inplace(dln, routed, out_rows * C);
   } else {
     std::memcpy(dln, routed, static_cast<size_t>(out_rows * C) * sizeof(float));
   }
+  if (route_s) *route_s -= (ep_->seconds() - a2a_before) + (*expert_s - expert_before);
 }
 
 void Moe::backward_weight(MoeActs& a, MoeWork& w, const float* dy_whole, const float* ln_whole, int64_t N) {
   const int64_t R = a.R, row0 = first_routed_row(N), C = C_;
   const int FU = this->FU();
+  Timed experts(stats_ ? &stats_->expert_s : nullptr);  // (the router's dW is a small share of it)
   int64_t off = 0;
   for (int le = 0; le < ep_->local_experts(); le++) {
     int64_t n = 0;

@@ -65,9 +65,14 @@ struct MoeStats {
   double aux = 0, z = 0;     // Σ over micro-batches of L_aux (the micro-batch's, whole) and this rank's share of L_z
   int64_t micro_batches = 0;
   int64_t pairs = 0, dropped = 0;
+  // Wall time (forwards and backwards, every micro-batch): the router and the
+  // permutations into and out of the send order, the expert MLPs (routed and
+  // shared), and the all-to-alls (ExpertParallel::seconds, kept apart).
+  double route_s = 0, expert_s = 0;
   void reset(int E) {
     load.assign(static_cast<size_t>(E), 0.0);
     aux = z = 0, micro_batches = 0, pairs = dropped = 0;
+    route_s = expert_s = 0;
   }
 };
 
