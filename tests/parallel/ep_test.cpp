@@ -12,7 +12,9 @@
 // its own (mpitest::self), beside the layout.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -153,11 +155,93 @@ TEST(ExpertParallel, WithTensorPipelineAndContextParallelism) {
   expect_equivalent(c, world());
 }
 
+// The step's reported balancing losses and expert loads (the step line's
+// aux, z and experts a..b) under a layout against one process's: f and P
+// reduced over the right rows, the z-loss's shares summed once, the loads
+// counted once per token.
+std::vector<std::array<double, 4>> balance_of(const io::RunConfig& c, comm::Communicator& ranks) {
+  train::TrainerOptions o;
+  o.print = false;
+  o.ranks = &ranks;
+  train::Trainer t(c, o);
+  std::vector<std::array<double, 4>> out;
+  for (int s = 0; s < 3; s++) {
+    const train::StepStats st = t.train_step();
+    out.push_back({st.aux_loss, st.z_loss, st.expert_load_min, st.expert_load_max});
+  }
+  return out;
+}
+
+TEST(ExpertParallel, BalancingLossesAndLoadsAreTheOneProcessValues) {
+  const int n = world().size();
+  std::vector<io::RunConfig> layouts = {moe_run(n, 2, 1)};
+  io::RunConfig c = moe_run(n / 2, 2, 0);
+  c.parallel.cp = 2;
+  layouts.push_back(c);
+  if (n == 4) {
+    c = moe_run(2, 2, 0);
+    c.parallel.tp = 2;
+    layouts.push_back(c);
+    c.parallel.sequence_parallel = true;
+    layouts.push_back(c);
+  }
+  for (const io::RunConfig& layout : layouts) {
+    io::RunConfig one = layout;
+    one.parallel = io::ParallelSection{};
+    const auto want = balance_of(one, self());
+    const auto got = balance_of(layout, world());
+    for (size_t s = 0; s < want.size(); s++) {
+      EXPECT_NEAR(got[s][0], want[s][0], 1e-6 * want[s][0]) << describe(layout) << " aux, step " << s + 1;
+      EXPECT_NEAR(got[s][1], want[s][1], 1e-5 * want[s][1]) << describe(layout) << " z, step " << s + 1;
+      // Counts (equal here; a router score within an f32 rounding of a tie
+      // could move one pair on another CPU's kernels: ±1 allowed, a token
+      // counted twice or not at all is off by far more).
+      EXPECT_NEAR(got[s][2], want[s][2], 1.0) << describe(layout) << " fewest pairs, step " << s + 1;
+      EXPECT_NEAR(got[s][3], want[s][3], 1.0) << describe(layout) << " most pairs, step " << s + 1;
+    }
+  }
+}
+
 TEST(ExpertParallel, ContextParallelOnTwoRanks) {
   if (world().size() != 2) GTEST_SKIP() << "the 2-rank layout";
   io::RunConfig c = moe_run(1, 2, 0);
   c.parallel.cp = 2;
   expect_equivalent(c, world());
+}
+
+// Σ (i + 1)·x_i of a group's parameters (a rank holding them whole).
+double checksum(const model::ParamGroup& g) {
+  double v = 0;
+  for (int64_t i = 0; i < g.numel(); i++) v += static_cast<double>(i + 1) * g.data()[i];
+  return v;
+}
+
+TEST(ExpertParallel, EveryGradientCodecKeepsTheReplicasOfEachGroupEqual) {
+  // A codec approximates the sum: no longer the one process's run, but every
+  // rank that holds a group (the dense ones over dp×cp, the experts over
+  // their replicas) must hold the same values after each update.
+  const int n = world().size();
+  if (n < 4) GTEST_SKIP() << "needs expert replicas: dp=4, ep=2";
+  for (const std::string codec : {"bf16", "int8", "onebit", "topk", "powersgd"}) {
+    io::RunConfig c = moe_run(n, 2, 1);
+    c.compression.grad = codec;
+    if (codec == "topk") c.compression.topk_ratio = 0.1;
+    train::TrainerOptions o;
+    o.print = false;
+    o.ranks = &world();
+    train::Trainer t(c, o);
+    for (int step = 0; step < 4; step++) EXPECT_TRUE(std::isfinite(t.train_step().loss)) << codec;
+    const model::GPT& m = t.model();
+    for (size_t g = 0; g < m.groups().size(); g++) {
+      comm::Communicator& over = m.is_expert_group(g) ? t.mesh().expert_replicas() : t.mesh().dp_cp();
+      // The checksum's bits, exactly, as two floats' worth.
+      const double sum = checksum(m.groups()[g]);
+      std::vector<float> bits(2);
+      std::memcpy(bits.data(), &sum, sizeof sum);
+      EXPECT_EQ(mpitest::first_differing_rank(over, bits), -1)
+          << codec << ": " << m.groups()[g].name() << " differs between the ranks that hold it";
+    }
+  }
 }
 
 TEST(ExpertParallel, DispatchAndCombineBytesEqualTheRoutingMap) {
