@@ -28,25 +28,35 @@ int64_t ExpertParallel::Plan::received_by(int r) const {
 }
 
 ExpertParallel::Plan ExpertParallel::plan(const int64_t* my_counts) const {
-  Plan p;
-  p.E = E_, p.ep = size_, p.first = first_expert(), p.local = local_experts();
-  p.counts.assign(static_cast<size_t>(size_) * E_, 0);
+  std::vector<int64_t> counts(static_cast<size_t>(size_) * E_, 0);
   if (group_ && size_ > 1) {
     // As doubles: exact for any count below 2^53, and a dtype every collective has.
-    std::vector<double> mine(my_counts, my_counts + E_), all(p.counts.size());
+    std::vector<double> mine(my_counts, my_counts + E_), all(counts.size());
     group_->all_gather(mine.data(), all.data(), static_cast<size_t>(E_), DType::F64);
-    for (size_t i = 0; i < all.size(); i++) p.counts[i] = static_cast<int64_t>(all[i]);
+    for (size_t i = 0; i < all.size(); i++) counts[i] = static_cast<int64_t>(all[i]);
   } else {
-    std::copy(my_counts, my_counts + E_, p.counts.begin());
+    std::copy(my_counts, my_counts + E_, counts.begin());
   }
+  return plan_of(std::move(counts));
+}
+
+ExpertParallel::Plan ExpertParallel::plan_of(std::vector<int64_t> counts) const {
+  LATTICE_CHECK(counts.size() == static_cast<size_t>(size_) * E_, "internal: a plan of " << counts.size()
+                                                                                          << " counts for ep="
+                                                                                          << size_ << ", E=" << E_);
+  Plan p;
+  p.E = E_, p.ep = size_, p.first = first_expert(), p.local = local_experts();
+  p.counts = std::move(counts);
+  const int64_t* mine = p.counts.data() + static_cast<size_t>(rank_) * E_;
   p.send_rows.assign(static_cast<size_t>(size_), 0);
   p.recv_rows.assign(static_cast<size_t>(size_), 0);
   for (int r = 0; r < size_; r++)
     for (int le = 0; le < p.local; le++) {
-      p.send_rows[static_cast<size_t>(r)] += static_cast<size_t>(my_counts[r * p.local + le]);
+      p.send_rows[static_cast<size_t>(r)] += static_cast<size_t>(mine[r * p.local + le]);
       p.recv_rows[static_cast<size_t>(r)] += static_cast<size_t>(p.rows_of(r, le));
     }
-  for (int r = 0; r < size_; r++) p.sent += static_cast<int64_t>(p.send_rows[r]), p.received += static_cast<int64_t>(p.recv_rows[r]);
+  for (int r = 0; r < size_; r++)
+    p.sent += static_cast<int64_t>(p.send_rows[r]), p.received += static_cast<int64_t>(p.recv_rows[r]);
   return p;
 }
 

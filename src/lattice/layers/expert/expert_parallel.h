@@ -57,6 +57,19 @@ class ExpertParallel {
   };
   // All-gathers this rank's pairs per expert (E counts) into a Plan.
   Plan plan(const int64_t* my_counts) const;
+  // The Plan of an exchange already made (its [ep][E] counts): no communication.
+  Plan plan_of(std::vector<int64_t> counts) const;
+  // fn(local expert, its first row, its rows) for each local expert with rows
+  // in the plan, in the order dispatch() lays them out.
+  template <typename Fn>
+  static void for_each_expert(const Plan& plan, Fn fn) {
+    int64_t first = 0;
+    for (int le = 0; le < plan.local; le++) {
+      const int64_t n = plan.expert_rows(le);
+      if (n > 0) fn(le, first, n);
+      first += n;
+    }
+  }
 
   // send [plan.sent, width] (rows by expert, then token) → rows [plan.received, width]
   // by (local expert, source, token), through `scratch` (plan.received × width floats).

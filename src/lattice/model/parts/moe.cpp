@@ -49,6 +49,8 @@ Moe::Moe(tensor::TensorParallel* tp, comm::Communicator* cp, expert::ExpertParal
       stats_(stats),
       layer_(layer) {}
 
+Mlp Moe::expert(int le) const { return Mlp(nullptr, kind_, C_, F_, params_.up[le], params_.down[le]); }
+
 int64_t Moe::routed_rows(int64_t N) const { return tp_ ? N / tp_->size() : N; }
 int64_t Moe::first_routed_row(int64_t N) const { return tp_ ? tp_->rank() * (N / tp_->size()) : 0; }
 
@@ -133,8 +135,7 @@ static std::string expert_counts(const expert::ExpertParallel::Plan& p, int rank
 void Moe::forward(MoeActs& a, MoeWork& w, float* y, const float* ln, float* work, int64_t N, DType q, float scale,
                   bool record) {
   ensure(a, w, N);
-  const bool sp = tp_ && tp_->sequence_parallel();
-  const bool split = tp_ && !sp;  // the rows are replicated: this rank routes its 1/t of them
+  const bool sp = tp_ && tp_->sequence_parallel();  // (without SP the rows are replicated: this rank routes 1/t)
   double* route_s = stats_ ? &stats_->route_s : nullptr;
   double* expert_s = stats_ ? &stats_->expert_s : nullptr;
   const double a2a_before = ep_->seconds(), expert_before = expert_s ? *expert_s : 0;
@@ -220,45 +221,50 @@ void Moe::forward(MoeActs& a, MoeWork& w, float* y, const float* ln, float* work
   const int FU = this->FU();
   {
     Timed experts(expert_s);
-    int64_t off = 0;
-    for (int le = 0; le < plan.local; le++) {
-      const int64_t n = plan.expert_rows(le);
-      if (n == 0) continue;
-      Mlp(nullptr, kind_, C_, F_, params_.up[le], params_.down[le])
-          .forward(w.exp_a + off * C, a.fch + off * FU, a.hid + off * F_, a.x_exp + off * C, nullptr, n, q);
-      off += n;
-    }
+    expert::ExpertParallel::for_each_expert(plan, [&](int le, int64_t off, int64_t n) {
+      expert(le).forward(w.exp_a + off * C, a.fch + off * FU, a.hid + off * F_, a.x_exp + off * C, nullptr, n, q);
+    });
   }
   ep_->combine(plan, w.exp_a, a.out_send, w.recv, C);
 
-  // y_t = Σ_j w_tj · out_tj over this rank's rows (into exp_a, free again).
-  float* mine = w.exp_a;
-#pragma omp parallel for schedule(static) if (R * C > 65536)
-  for (int64_t t = 0; t < R; t++) {
-    float* row = mine + t * C;
-    std::fill(row, row + C, 0.0f);
-    for (int j = 0; j < k_; j++) {
-      const int32_t s = a.slot[t * k_ + j];
-      if (s < 0) continue;
-      const float wt = a.weight[t * k_ + j];
-      const float* o = a.out_send + static_cast<int64_t>(s) * C;
-      for (int64_t c = 0; c < C; c++) row[c] += wt * o[c];
-    }
-  }
-  const float* routed = mine;
-  if (split) {  // every row again on every TP rank
-    tp_->group().all_gather(mine, w.rows, static_cast<size_t>(R * C), DType::F32);
-    routed = w.rows;
-  }
-  const int64_t out_rows = sp ? R : N;
+  // y_t = Σ_j w_tj · out_tj over this rank's rows (into exp_a, free again), after the shared experts'.
+  sum_pairs(w.exp_a, a, a.out_send, a.weight);
   if (F_sh_ > 0) {
     Timed shared(expert_s);
     Mlp(tp_, kind_, C_, F_sh_, params_.shared_up, params_.shared_down).forward(y, a.sh_fch, a.sh_hid, ln, work, N, q);
-    k::add_inplace(y, routed, out_rows * C);
-  } else {
-    std::memcpy(y, routed, static_cast<size_t>(out_rows * C) * sizeof(float));
   }
+  add_routed(y, w.exp_a, w, N, F_sh_ > 0);
   if (route_s) *route_s -= (ep_->seconds() - a2a_before) + (*expert_s - expert_before);
+}
+
+void Moe::sum_pairs(float* rows, const MoeActs& a, const float* pairs, const float* weights) const {
+  const int64_t R = a.R, C = C_;
+#pragma omp parallel for schedule(static) if (R * C > 65536)
+  for (int64_t t = 0; t < R; t++) {
+    float* row = rows + t * C;
+    std::fill(row, row + C, 0.0f);
+    for (int j = 0; j < k_; j++) {
+      const int32_t s = a.slot[t * k_ + j];
+      if (s < 0) continue;  // dropped: contributes nothing
+      const float wt = weights ? weights[t * k_ + j] : 1.0f;
+      const float* p = pairs + static_cast<int64_t>(s) * C;
+      for (int64_t c = 0; c < C; c++) row[c] += wt * p[c];
+    }
+  }
+}
+
+void Moe::add_routed(float* out, const float* mine, MoeWork& w, int64_t N, bool add) const {
+  const bool sp = tp_ && tp_->sequence_parallel();
+  const float* routed = mine;
+  if (tp_ && !sp) {  // every row again on every TP rank
+    tp_->group().all_gather(mine, w.rows, static_cast<size_t>(routed_rows(N) * C_), DType::F32);
+    routed = w.rows;
+  }
+  const int64_t n = (sp ? routed_rows(N) : N) * C_;
+  if (add)
+    k::add_inplace(out, routed, n);
+  else
+    std::memcpy(out, routed, static_cast<size_t>(n) * sizeof(float));
 }
 
 void Moe::backward_input(MoeActs& a, MoeWork& w, float* dln, const float* dy_slice, float* dy_whole, int64_t N) {
@@ -271,24 +277,7 @@ void Moe::backward_input(MoeActs& a, MoeWork& w, float* dln, const float* dy_sli
   double* expert_s = stats_ ? &stats_->expert_s : nullptr;
   const double a2a_before = ep_->seconds(), expert_before = expert_s ? *expert_s : 0;
   Timed whole(route_s);
-  expert::ExpertParallel::Plan plan;
-  plan.E = E_, plan.ep = ep_->size(), plan.first = ep_->first_expert(), plan.local = ep_->local_experts();
-  plan.counts = a.counts;
-  {
-    // Rebuild the plan's sizes from the forward's counts (no communication).
-    std::vector<int64_t> mine(a.counts.begin() + static_cast<std::ptrdiff_t>(ep_->rank()) * E_,
-                              a.counts.begin() + static_cast<std::ptrdiff_t>(ep_->rank() + 1) * E_);
-    plan.send_rows.assign(static_cast<size_t>(plan.ep), 0);
-    plan.recv_rows.assign(static_cast<size_t>(plan.ep), 0);
-    for (int r = 0; r < plan.ep; r++)
-      for (int le = 0; le < plan.local; le++) {
-        plan.send_rows[static_cast<size_t>(r)] += static_cast<size_t>(mine[static_cast<size_t>(r * plan.local + le)]);
-        plan.recv_rows[static_cast<size_t>(r)] += static_cast<size_t>(plan.rows_of(r, le));
-      }
-    for (int r = 0; r < plan.ep; r++)
-      plan.sent += static_cast<int64_t>(plan.send_rows[static_cast<size_t>(r)]),
-          plan.received += static_cast<int64_t>(plan.recv_rows[static_cast<size_t>(r)]);
-  }
+  const expert::ExpertParallel::Plan plan = ep_->plan_of(a.counts);
   // ∂L/∂w_tj = dy_t · out_tj ; ∂L/∂out_tj = w_tj · dy_t (to the expert, in the send order).
 #pragma omp parallel for schedule(static) if (R * C > 65536)
   for (int64_t t = 0; t < R; t++) {
@@ -312,48 +301,24 @@ void Moe::backward_input(MoeActs& a, MoeWork& w, float* dln, const float* dy_sli
   const int FU = this->FU();
   {
     Timed experts(expert_s);
-    int64_t off = 0;
-    for (int le = 0; le < plan.local; le++) {
-      const int64_t n = plan.expert_rows(le);
-      if (n == 0) continue;
-      Mlp(nullptr, kind_, C_, F_, params_.up[le], params_.down[le])
-          .backward_input(w.exp_a + off * C, a.dfch + off * FU, w.exp_b, a.dout_exp + off * C, a.dout_exp + off * C,
-                          a.fch + off * FU, n);
-      off += n;
-    }
+    expert::ExpertParallel::for_each_expert(plan, [&](int le, int64_t off, int64_t n) {
+      expert(le).backward_input(w.exp_a + off * C, a.dfch + off * FU, w.exp_b, a.dout_exp + off * C,
+                                a.dout_exp + off * C, a.fch + off * FU, n);
+    });
   }
   ep_->combine(plan, w.exp_a, w.send, w.recv, C);
   // The router: dlogits from dw, the aux loss and the z-loss.
   expert::router_backward(a.dlogits, w.dw, a.probs, a.lse, a.choice, a.weight, a.aux_grad.data(), a.z_grad, a.scale,
                           R, E_, k_);
-  // dX_t = Σ_j ∂L/∂x of pair tj (back from the experts) + dlogits_t · W_g.
-  float* mine = w.exp_a;
-#pragma omp parallel for schedule(static) if (R * C > 65536)
-  for (int64_t t = 0; t < R; t++) {
-    float* row = mine + t * C;
-    std::fill(row, row + C, 0.0f);
-    for (int j = 0; j < k_; j++) {
-      const int32_t s = a.slot[t * k_ + j];
-      if (s < 0) continue;
-      const float* g = w.send + static_cast<int64_t>(s) * C;
-      for (int64_t c = 0; c < C; c++) row[c] += g[c];
-    }
-  }
-  k::linear_backward_input(mine, a.dlogits, params_.router.weight(), R, C_, E_, true);
-  const float* routed = mine;
-  if (split) {
-    tp_->group().all_gather(mine, w.rows, static_cast<size_t>(R * C), DType::F32);
-    routed = w.rows;
-  }
-  const int64_t out_rows = sp ? R : N;
+  // dX_t = Σ_j ∂L/∂x of pair tj (back from the experts) + dlogits_t · W_g, after the shared experts'.
+  sum_pairs(w.exp_a, a, w.send, nullptr);
+  k::linear_backward_input(w.exp_a, a.dlogits, params_.router.weight(), R, C_, E_, true);
   if (F_sh_ > 0) {
     Timed shared(expert_s);
     Mlp(tp_, kind_, C_, F_sh_, params_.shared_up, params_.shared_down)
         .backward_input(dln, a.sh_dfch, w.exp_b, dy_slice, dy_whole, a.sh_fch, N);
-    k::add_inplace(dln, routed, out_rows * C);
-  } else {
-    std::memcpy(dln, routed, static_cast<size_t>(out_rows * C) * sizeof(float));
   }
+  add_routed(dln, w.exp_a, w, N, F_sh_ > 0);
   if (route_s) *route_s -= (ep_->seconds() - a2a_before) + (*expert_s - expert_before);
 }
 
@@ -361,15 +326,9 @@ void Moe::backward_weight(MoeActs& a, MoeWork& w, const float* dy_whole, const f
   const int64_t R = a.R, row0 = first_routed_row(N), C = C_;
   const int FU = this->FU();
   Timed experts(stats_ ? &stats_->expert_s : nullptr);  // (the router's dW is a small share of it)
-  int64_t off = 0;
-  for (int le = 0; le < ep_->local_experts(); le++) {
-    int64_t n = 0;
-    for (int s = 0; s < ep_->size(); s++) n += a.counts[static_cast<size_t>(s) * E_ + ep_->first_expert() + le];
-    if (n == 0) continue;
-    Mlp(nullptr, kind_, C_, F_, params_.up[le], params_.down[le])
-        .backward_weight(a.dout_exp + off * C, a.hid + off * F_, a.dfch + off * FU, a.x_exp + off * C, n);
-    off += n;
-  }
+  expert::ExpertParallel::for_each_expert(ep_->plan_of(a.counts), [&](int le, int64_t off, int64_t n) {
+    expert(le).backward_weight(a.dout_exp + off * C, a.hid + off * F_, a.dfch + off * FU, a.x_exp + off * C, n);
+  });
   // dW_g (+)= dlogitsᵀ · X over this rank's rows; under TP a share, summed over the group.
   float *dw, *db;
   const bool acc = params_.router.write_grads(&dw, &db);

@@ -38,6 +38,7 @@
 #include "lattice/core/memory.h"
 #include "lattice/model/config.h"
 #include "lattice/model/parts/linear.h"
+#include "lattice/model/parts/mlp.h"
 
 namespace lattice::tensor {
 class TensorParallel;
@@ -142,6 +143,12 @@ class Moe {
 
  private:
   void ensure(MoeActs& a, MoeWork& w, int64_t N) const;
+  Mlp expert(int local_expert) const;  // local expert le: the family's MLP, whole (no TP)
+  // rows [R, C]: row_t = Σ_j (weights_tj, or 1)·pairs[slot_tj] over the pairs kept.
+  void sum_pairs(float* rows, const MoeActs& a, const float* pairs, const float* weights) const;
+  // This rank's routed rows into `out` (added to the shared experts' when
+  // `add`): all-gathered first where TP replicates the rows (no SP).
+  void add_routed(float* out, const float* mine, MoeWork& w, int64_t N, bool add) const;
   int FU() const { return kind_ == MlpKind::SwiGLU ? 2 * F_ : F_; }
   int FU_shared() const { return kind_ == MlpKind::SwiGLU ? 2 * F_sh_ : F_sh_; }
 
