@@ -44,7 +44,8 @@ float64 is used nowhere in the model or the optimizer. What does not change
 the arithmetic (parallel layout, ZeRO, threads, logging, checkpoint
 directory) is ignored: any layout trains the same model. What this tool does
 not replicate is refused by name (synthetic data, f16 and its loss scale,
-compressed gradients, resuming).
+compressed gradients, resuming; mixtures of experts, model.bias = false and
+other MLP widths are tools/moe_reference.py's, which imports this file).
 
 Writes DIR/metrics.jsonl (per step: step, loss, lr, grad_norm (before
 clipping), clip_scale, micro_losses, epoch, sequences), DIR/init.safetensors,
@@ -85,7 +86,20 @@ MATH_KEYS = {
     "compression.grad": "none",
     "data.train": "",
     "checkpoint.init_from": "", "checkpoint.resume": "",
+    # The GPT-2 family's keys: "" (the family's value) or GPT-2's own value is
+    # accepted; anything else is refused in _check (this tool is GPT-2 only).
+    # model.bias = false and model.ffn_hidden are for tools/moe_reference.py.
+    "model.family": "gpt2", "model.bias": True, "model.ffn_hidden": 0,
+    # Mixture of experts (docs/moe.md): trained by tools/moe_reference.py; this
+    # tool refuses n_experts > 0.
+    "model.n_experts": 0, "model.top_k": 2, "model.moe_every": 1, "model.n_shared_experts": 0,
+    "model.moe_ffn_hidden": 0,
+    "moe.aux_loss_coef": 0.01, "moe.z_loss_coef": 0.0, "moe.bias_update_rate": 0.0, "moe.capacity_factor": 0.0,
 }
+# [model] keys that select one of the family's parts: accepted at GPT-2's value
+# (or "", the family's), refused otherwise.
+GPT2_PARTS = {"model.norm": "layernorm", "model.mlp": "gelu", "model.position": "learned",
+              "model.tie_embeddings": True, "model.norm_eps": 1e-5, "model.n_kv_head": None}
 # Keys (or whole sections) that leave the arithmetic alone: accepted, ignored.
 IGNORED_SECTIONS = {"zero", "log"}
 IGNORED_KEYS = {
@@ -97,6 +111,9 @@ IGNORED_KEYS = {
     "precision.loss_scale_backoff", "precision.loss_scale_growth", "precision.loss_scale_min",
     "compression.error_feedback", "compression.topk_ratio", "compression.rank", "compression.warmup_steps",
     "data.val", "checkpoint.dir", "checkpoint.every", "checkpoint.keep",
+    "parallel.cp_mode", "model.rope_theta",  # rope_theta: learned positions have none
+    "moe.token_bound",  # expert parallelism's buffer bound: the layout, not the arithmetic (assumed never hit)
+    "recompute.mode", "recompute.every", "recompute.first",  # bit-identical by design
 }
 
 
@@ -107,8 +124,14 @@ class ConfigError(Exception):
 def _typed(key, value, origin):
     default = MATH_KEYS[key]
     try:
-        if isinstance(default, bool):
-            raise TypeError
+        if isinstance(default, bool):  # TOML true/false, or "true"/"false" from --set; "": the family's
+            if value == "":
+                return default
+            if isinstance(value, str) and value in ("true", "false"):
+                return value == "true"
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
         if isinstance(default, int) and not isinstance(default, bool):
             if isinstance(value, str):
                 value = int(value, 10)
@@ -132,14 +155,17 @@ def _set(cfg, key, value, origin):
     section = key.split(".", 1)[0]
     if key in MATH_KEYS:
         cfg[key] = _typed(key, value, origin)
+    elif key in GPT2_PARTS:
+        cfg[key] = value  # checked in _check
     elif key not in IGNORED_KEYS and section not in IGNORED_SECTIONS:
         raise ConfigError(f"unknown key '{key}' ({origin}): not a lattice key this tool knows")
 
 
-def load_config(path=None, overrides=()):
+def load_config(path=None, overrides=(), moe=False):
     """The run's settings: MATH_KEYS's defaults, then the TOML file, then each
     `section.key=value` override in order (a value is typed by its key; quotes
-    around a string are optional, as for `lattice train --set`)."""
+    around a string are optional, as for `lattice train --set`). moe: the
+    caller trains mixtures of experts and biasless models (tools/moe_reference.py)."""
     cfg = dict(MATH_KEYS)
     if path:
         with open(path, "rb") as f:
@@ -156,14 +182,43 @@ def load_config(path=None, overrides=()):
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
             value = value[1:-1]
         _set(cfg, key.strip(), value.strip(), f"from --set {item}")
-    _check(cfg)
+    _check(cfg, moe)
     return cfg
 
 
-def _check(cfg):
+def _gpt2_part(key, value, cfg):
+    """Whether a GPT2_PARTS value is GPT-2's (or "", the family's)."""
+    want = GPT2_PARTS[key]
+    if value == "" or (key == "model.n_kv_head" and value in (0, "0", cfg["model.n_head"], str(cfg["model.n_head"]))):
+        return True
+    if isinstance(want, bool):
+        return value is want or value == str(want).lower()
+    if isinstance(want, float):
+        try:
+            return not isinstance(value, bool) and float(value) == want
+        except ValueError:
+            return False
+    return value == want
+
+
+def _check(cfg, moe=False):
     def refuse(cond, msg):
         if cond:
             raise ConfigError(msg)
+    refuse(cfg["model.family"] != "gpt2",
+           f"model.family={cfg['model.family']!r}: this reference trains the GPT-2 family only")
+    for key in GPT2_PARTS:
+        if key in cfg:
+            refuse(not _gpt2_part(key, cfg[key], cfg),
+                   f"{key}={cfg[key]!r}: this reference trains GPT-2's parts only")
+    if not moe:
+        refuse(cfg["model.n_experts"] != 0, f"model.n_experts={cfg['model.n_experts']}: a mixture of experts; "
+               "tools/moe_reference.py trains those")
+        refuse(not cfg["model.bias"], "model.bias=false: this tool's GPT-2 has biases; tools/moe_reference.py "
+               "trains biasless GPT-2 models")
+        refuse(cfg["model.ffn_hidden"] not in (0, 4 * cfg["model.n_embd"]),
+               f"model.ffn_hidden={cfg['model.ffn_hidden']}: this tool's GPT-2 MLP is 4 x n_embd wide; "
+               "tools/moe_reference.py trains other widths")
     refuse(cfg["precision.compute"] not in ("f32", "bf16"),
            f"precision.compute={cfg['precision.compute']!r}: this reference runs f32 and bf16 "
            "(f16's loss scale and skipped steps are not replicated)")
@@ -253,33 +308,46 @@ class PhiloxStream:
                 return x % n
 
 
-def lattice_init(cfg):
-    """lattice's initial parameters for train.seed, as {HF name: float32 array in HF layout}."""
-    seed = cfg["train.seed"]
+def init_spec(cfg, bias=True, mlp=None):
+    """What lattice draws at init: [(HF name, shape in lattice's [out, in] layout,
+    kind, conv1d)], kind "normal" (N(0, 0.02)), "proj" (N(0, 0.02/sqrt(2 n_layer)),
+    the residual projections), "zeros" or "ones"; conv1d: HF stores the tensor
+    transposed (Conv1D [in, out]). bias: the linear layers' biases; mlp(l, prefix):
+    layer l's MLP entries (default GPT-2's dense C -> 4C -> C)."""
     L, C, V, T = cfg["model.n_layer"], cfg["model.n_embd"], cfg["model.vocab_size"], cfg["model.seq_len"]
-    std_w = np.float32(0.02)
-    std_proj = np.float32(std_w / np.sqrt(np.float32(2 * L)))
-    out = {}
 
-    def normal(name, shape, std, conv1d):  # shape: lattice's [out, in]
-        x = init_normal(seed, name, int(np.prod(shape))).reshape(shape) * std
-        out[name] = np.ascontiguousarray(x.T) if conv1d else x
-
-    normal("wte.weight", (V, C), std_w, False)  # lattice pads rows past V with zeros; HF drops them
-    normal("wpe.weight", (T, C), std_w, False)
+    def dense_mlp(l, h):
+        return [(h + "mlp.c_fc.weight", (4 * C, C), "normal", True), (h + "mlp.c_fc.bias", (4 * C,), "zeros", False),
+                (h + "mlp.c_proj.weight", (C, 4 * C), "proj", True), (h + "mlp.c_proj.bias", (C,), "zeros", False)]
+    mlp = mlp or dense_mlp
+    spec = [("wte.weight", (V, C), "normal", False),  # lattice pads rows past V with zeros; HF drops them
+            ("wpe.weight", (T, C), "normal", False)]
     for l in range(L):
         h = f"h.{l}."
-        out[h + "ln_1.weight"], out[h + "ln_1.bias"] = np.ones(C, np.float32), np.zeros(C, np.float32)
-        normal(h + "attn.c_attn.weight", (3 * C, C), std_w, True)
-        out[h + "attn.c_attn.bias"] = np.zeros(3 * C, np.float32)
-        normal(h + "attn.c_proj.weight", (C, C), std_proj, True)
-        out[h + "attn.c_proj.bias"] = np.zeros(C, np.float32)
-        out[h + "ln_2.weight"], out[h + "ln_2.bias"] = np.ones(C, np.float32), np.zeros(C, np.float32)
-        normal(h + "mlp.c_fc.weight", (4 * C, C), std_w, True)
-        out[h + "mlp.c_fc.bias"] = np.zeros(4 * C, np.float32)
-        normal(h + "mlp.c_proj.weight", (C, 4 * C), std_proj, True)
-        out[h + "mlp.c_proj.bias"] = np.zeros(C, np.float32)
-    out["ln_f.weight"], out["ln_f.bias"] = np.ones(C, np.float32), np.zeros(C, np.float32)
+        block = [(h + "ln_1.weight", (C,), "ones", False), (h + "ln_1.bias", (C,), "zeros", False),
+                 (h + "attn.c_attn.weight", (3 * C, C), "normal", True),
+                 (h + "attn.c_attn.bias", (3 * C,), "zeros", False),
+                 (h + "attn.c_proj.weight", (C, C), "proj", True), (h + "attn.c_proj.bias", (C,), "zeros", False),
+                 (h + "ln_2.weight", (C,), "ones", False), (h + "ln_2.bias", (C,), "zeros", False)] + mlp(l, h)
+        spec += [e for e in block if bias or not (e[0].endswith(".bias") and ".ln_" not in e[0])]
+    spec += [("ln_f.weight", (C,), "ones", False), ("ln_f.bias", (C,), "zeros", False)]
+    return spec
+
+
+def lattice_init(cfg, spec=None):
+    """lattice's initial parameters for train.seed, as {HF name: float32 array in
+    HF layout}: element i of lattice's [out, in] tensor `name` is
+    std * init_normal(seed, name, .)[i]. spec: init_spec(cfg, ...)'s list (default GPT-2's)."""
+    seed = cfg["train.seed"]
+    std_w = np.float32(0.02)
+    std_proj = np.float32(std_w / np.sqrt(np.float32(2 * cfg["model.n_layer"])))
+    out = {}
+    for name, shape, kind, conv1d in spec if spec is not None else init_spec(cfg):
+        if kind in ("zeros", "ones"):
+            out[name] = (np.zeros if kind == "zeros" else np.ones)(shape, np.float32)
+            continue
+        x = init_normal(seed, name, int(np.prod(shape))).reshape(shape) * (std_w if kind == "normal" else std_proj)
+        out[name] = np.ascontiguousarray(x.T) if conv1d else x
     return out
 
 
@@ -462,11 +530,12 @@ def lr_at(s, cfg):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (max_lr - min_lr)
 
 
-def initial_state(cfg):
-    """{HF name: float32 tensor}: checkpoint.init_from's file, else lattice's seeded draw."""
+def initial_state(cfg, spec=None):
+    """{HF name: float32 tensor}: checkpoint.init_from's file, else lattice's
+    seeded draw (of init_spec's tensors, or of spec's)."""
     path = cfg["checkpoint.init_from"]
     if not path:
-        return {k: torch.from_numpy(v) for k, v in lattice_init(cfg).items()}
+        return {k: torch.from_numpy(v) for k, v in lattice_init(cfg, spec).items()}
     tensors, _ = safetensors_lite.load_torch(path)
     tensors = {k: v.to(torch.float32) for k, v in ref.strip_prefix(tensors).items()}
     if "wpe.weight" in tensors:  # longer-context weights: the first seq_len positions
