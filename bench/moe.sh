@@ -4,7 +4,7 @@
 # and expert-parallel over 2 ranks; and (--loss) their training losses over
 # the same tokens of the bundled text.
 #
-#   bench/moe.sh [--quick] [--steps S] [--warmup W] [--loss] [--loss-steps N] [--out results.jsonl]
+#   bench/moe.sh [--quick] [--steps S] [--warmup W] [--rows a,b] [--loss] [--loss-steps N] [--out results.jsonl]
 #
 # Speed: GPT-2 124M (L=12 C=768 H=12 V=50257, ffn 3072), B=4 T=256 per rank,
 # synthetic tokens, `lattice bench train --json`. The MoE model replaces
@@ -56,20 +56,25 @@ RESULTS=${OUT:-$(mktemp)}
 echo "$BENCH_NAME: $(date -u '+%Y-%m-%d %H:%M UTC'), $STEPS steps after $WARMUP" >&2
 BENCH=(bench train --steps "$STEPS" --warmup "$WARMUP" --json)
 MPI=(mpiexec -n 2 --oversubscribe --bind-to "$BIND_TO")
-echo "  dense-1p" >&2
-time_row dense-1p 1 "$RESULTS" "$LATTICE_BIN" "${BENCH[@]}" "${MODEL[@]}" --set train.threads=2
-echo "  moe-1p" >&2
-time_row moe-1p 1 "$RESULTS" "$LATTICE_BIN" "${BENCH[@]}" "${MODEL[@]}" "${MOE[@]}" --set train.threads=2
-echo "  dense-dp2" >&2
-time_row dense-dp2 1 "$RESULTS" "${MPI[@]}" "$LATTICE_BIN" "${BENCH[@]}" "${MODEL[@]}" --set train.threads=1 \
-  --set parallel.dp=2
-echo "  moe-ep2" >&2
-time_row moe-ep2 1 "$RESULTS" "${MPI[@]}" "$LATTICE_BIN" "${BENCH[@]}" "${MODEL[@]}" "${MOE[@]}" \
-  --set train.threads=1 --set parallel.dp=2 --set parallel.ep=2
+# row NAME CMD...: times the row unless --rows leaves it out.
+row() {
+  local name=$1
+  shift
+  keep_row "$name" || return 0
+  echo "  $name" >&2
+  time_row "$name" 1 "$RESULTS" "$@"
+}
+row dense-1p "$LATTICE_BIN" "${BENCH[@]}" "${MODEL[@]}" --set train.threads=2
+row moe-1p "$LATTICE_BIN" "${BENCH[@]}" "${MODEL[@]}" "${MOE[@]}" --set train.threads=2
+row dense-dp2 "${MPI[@]}" "$LATTICE_BIN" "${BENCH[@]}" "${MODEL[@]}" --set train.threads=1 --set parallel.dp=2
+row moe-ep2 "${MPI[@]}" "$LATTICE_BIN" "${BENCH[@]}" "${MODEL[@]}" "${MOE[@]}" --set train.threads=1 \
+  --set parallel.dp=2 --set parallel.ep=2
 
 "$PYTHON" - "$RESULTS" <<'EOF'
 import json, sys
 rows = {}
+if not open(sys.argv[1]).read().strip():
+    sys.exit(0)  # --rows kept none
 for line in open(sys.argv[1]):
     name, _, js = line.rstrip("\n").split("\t", 2)
     rows[name] = json.loads(js)

@@ -506,7 +506,9 @@ bool Trainer::apply_update(double loss, double norm) {
   // Compression's error feedback holds scaled gradients: it follows the scale,
   // and a skipped step's errors are dropped.
   if (config_.compression.grad != "none" && config_.compression.error_feedback && (!apply || scaler_.scale() != scale)) {
-    dp_->reducer().scale_errors(apply ? static_cast<float>(scaler_.scale() / scale) : 0.0f);
+    const float factor = apply ? static_cast<float>(scaler_.scale() / scale) : 0.0f;
+    dp_->reducer().scale_errors(factor);
+    if (expert_dp_) expert_dp_->reducer().scale_errors(factor);
   }
   if (!apply && is_root_ && options_.print) {
     std::printf("lattice: step %lld: gradients overflowed at loss scale %g on some rank; the step is skipped "
