@@ -21,7 +21,9 @@
 #include "equivalence.h"
 #include "lattice/core/error.h"
 #include "lattice/io/config.h"
+#include "lattice/io/safetensors.h"
 #include "lattice/model/gpt.h"
+#include "lattice/train/checkpointing.h"
 #include "lattice/train/trainer.h"
 
 using namespace lattice;
@@ -304,6 +306,13 @@ TEST(ExpertParallel, ACheckpointSavedAtOneEpResumesAtAnother) {
     mpitest::expect_same_run(got, tail, "resumed at ep=" + std::to_string(ep));
   }
   (void)first;
+  // Generation reads the bias too (it chooses the experts): the file's values, moved by the updates.
+  const std::unique_ptr<model::GPT> inference = train::load_model_for_inference(dir + "/step_000003", 0);
+  io::SafeTensorsReader file(dir + "/step_000003/model.safetensors");
+  std::vector<float> saved(8);
+  file.read_f32("h.1.mlp.router.expert_bias", saved.data(), 8);
+  EXPECT_NE(saved, std::vector<float>(8, 0.0f)) << "3 steps at bias_update_rate 0.001 moved no bias";
+  EXPECT_EQ(std::vector<float>(inference->expert_bias().begin() + 8, inference->expert_bias().begin() + 16), saved);
 }
 
 TEST(ExpertParallel, ACheckpointWithAnotherExpertCountIsRefused) {

@@ -341,12 +341,14 @@ static HfSource source_of(const io::SafeTensorsReader& r, const std::string& suf
   return src;
 }
 
-void Trainer::load_expert_bias(const io::SafeTensorsReader& file) {
-  const int E = model_config_.n_experts;
-  for (int l = 0; l < model_config_.n_layer; l++) {
-    if (!model_config_.is_moe_layer(l)) continue;
-    const std::string name = model::expert_bias_name(model_config_, l);
-    float* bias = expert_bias_.data() + static_cast<size_t>(l) * E;
+// Each MoE layer's selection bias from a model file into table [n_layer][E]
+// (zeros where the file has none: a Mixtral file from elsewhere).
+static void read_expert_bias(const io::SafeTensorsReader& file, const model::ModelConfig& config, float* table) {
+  const int E = config.n_experts;
+  for (int l = 0; l < config.n_layer; l++) {
+    if (!config.is_moe_layer(l)) continue;
+    const std::string name = model::expert_bias_name(config, l);
+    float* bias = table + static_cast<size_t>(l) * E;
     const io::TensorEntry* e = file.find(name);
     if (!e) {
       std::fill(bias, bias + E, 0.0f);
@@ -356,6 +358,10 @@ void Trainer::load_expert_bias(const io::SafeTensorsReader& file) {
                                                << " values, but model.n_experts=" << E);
     file.read_f32(name, bias, static_cast<size_t>(E));
   }
+}
+
+void Trainer::load_expert_bias(const io::SafeTensorsReader& file) {
+  read_expert_bias(file, model_config_, expert_bias_.data());
   for (auto& part : parts_) part->expert_bias() = expert_bias_;
 }
 
@@ -441,6 +447,7 @@ std::unique_ptr<model::GPT> load_model_for_inference(const std::string& path, in
   check_tensor_family(r, mc.family, what);
   auto gpt = std::make_unique<model::GPT>(mc, model::GPT::NoInit{});
   import_hf(*gpt, params_of(*gpt), safetensors_source(r, files.safetensors));
+  if (mc.n_experts > 0) read_expert_bias(r, mc, gpt->expert_bias().data());  // it chooses the experts
   return gpt;
 }
 
