@@ -23,7 +23,9 @@
 #include "lattice/io/config.h"
 #include "lattice/io/safetensors.h"
 #include "lattice/model/gpt.h"
+#include "lattice/io/json.h"
 #include "lattice/train/checkpointing.h"
+#include "lattice/train/hf_config.h"
 #include "lattice/train/trainer.h"
 
 using namespace lattice;
@@ -73,7 +75,22 @@ void expect_equivalent(const io::RunConfig& c, comm::Communicator& ranks) {
   const RunResult got = mpitest::train_run(c, ranks);
   const RunResult& want = reference(c);
   if (c.precision.compute == "f32") {
-    mpitest::expect_same_run(got, want, describe(c));
+    // The harness's tolerances (equivalence.h: losses 1e-5, norms 1e-4,
+    // parameters 1e-4), but for the one block whose true gradient is zero —
+    // the attention's key bias (zero_gradient_block): there every layout's
+    // f32 gradient is rounding noise that Adam normalises into steps of
+    // about lr, so two layouts' noise walks drift apart further (measured
+    // 1.3e-4 at pp=2 ZeRO-1 with a dense first layer); it is held to 1e-3.
+    ASSERT_EQ(got.losses.size(), want.losses.size());
+    for (size_t s = 0; s < want.losses.size(); s++) {
+      EXPECT_NEAR(got.losses[s], want.losses[s], 1e-5 * std::fabs(want.losses[s])) << describe(c) << " step " << s + 1;
+      EXPECT_NEAR(got.norms[s], want.norms[s], 1e-4 * std::fabs(want.norms[s])) << describe(c) << " norm " << s + 1;
+    }
+    ASSERT_EQ(got.params.size(), want.params.size());
+    for (size_t p = 0; p < want.params.size(); p++) ASSERT_EQ(got.params[p].name, want.params[p].name);
+    const mpitest::Diff d = mpitest::difference(got, want);
+    EXPECT_LE(d.other, 1e-4) << describe(c) << ": largest parameter difference outside the key bias";
+    EXPECT_LE(d.param, 1e-3) << describe(c) << ": largest difference (" << d.param_at << ")";
     return;
   }
   // bf16: the harness's loss and root-mean-square bounds (equivalence.h).
@@ -124,15 +141,39 @@ TEST(ExpertParallel, ACapacityDropsTheSameTokensUnderDataAndExpertParallelism) {
   io::RunConfig c = moe_run(world().size(), 2, 0);
   c.moe.capacity_factor = 1.0;
   expect_equivalent(c, world());
+  // ... and it drops some: the reported share, the same as one process's.
+  train::TrainerOptions o;
+  o.print = false;
+  o.ranks = &world();
+  train::Trainer t(c, o);
+  const double dropped = t.train_step().dropped_fraction;
+  EXPECT_GT(dropped, 0.05);
+  io::RunConfig one = c;
+  one.parallel = io::ParallelSection{};
+  o.ranks = &self();
+  train::Trainer u(one, o);
+  EXPECT_EQ(u.train_step().dropped_fraction, dropped);
 }
 
-TEST(ExpertParallel, RecomputationAndBf16) {
+TEST(ExpertParallel, RecomputationAnd16BitCompute) {
   io::RunConfig c = moe_run(world().size(), 2, 1);
   c.recompute.mode = "full";
   expect_equivalent(c, world());
   c.recompute.mode = "selective";
   c.precision.compute = "bf16";
   expect_equivalent(c, world());
+  c.recompute.mode = "none";
+  c.precision.compute = "f16";  // the dynamic loss scale: the aux and z gradients are scaled with the loss's
+  expect_equivalent(c, world());
+}
+
+TEST(ExpertParallel, EvaluationIsTheOneProcessValue) {
+  io::RunConfig c = moe_run(world().size(), 2, 3);
+  io::RunConfig one = c;
+  one.parallel = io::ParallelSection{};
+  const std::vector<double> want = mpitest::eval_before_and_after(one, self());
+  const std::vector<double> got = mpitest::eval_before_and_after(c, world());
+  for (size_t i = 0; i < want.size(); i++) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << i;
 }
 
 TEST(ExpertParallel, WithTensorPipelineAndContextParallelism) {
@@ -141,12 +182,18 @@ TEST(ExpertParallel, WithTensorPipelineAndContextParallelism) {
   c.parallel.tp = 2;
   expect_equivalent(c, world());  // TP ranks route halves of the replicated rows
   c.parallel.sequence_parallel = true;
+  expect_equivalent(c, world());
   c.model.n_shared_experts = 1;
   expect_equivalent(c, world());
   c = moe_run(2, 2, 3);
   c.parallel.pp = 2;
   c.parallel.schedule = "1f1b";
   expect_equivalent(c, world());
+  c.model.moe_every = 2;  // stage 0 holds no MoE layer (its ranks dispatch nothing)
+  c.parallel.zero_stage = 1;
+  expect_equivalent(c, world());
+  c.model.moe_every = 1;
+  c.parallel.zero_stage = 3;
   c.parallel.schedule = "zb-h1";  // the split backward
   expect_equivalent(c, world());
   c = moe_run(2, 2, 3);
@@ -335,6 +382,30 @@ TEST(ExpertParallel, ACheckpointWithAnotherExpertCountIsRefused) {
   }
 }
 
+TEST(ExpertParallel, ConfigJsonIsMixtralsWhereMixtralComputesTheModel) {
+  model::ModelConfig c = model::ModelConfig::defaults(model::Family::Llama);
+  c.n_layer = 2, c.n_head = 4, c.n_embd = 32, c.vocab_size = 101, c.seq_len = 16;
+  c.n_experts = 8, c.top_k = 2, c.moe_ffn_hidden = 48;
+  const io::JsonValue j = io::parse_json(train::hf_config_json(c), "config.json");
+  EXPECT_EQ(j.at("model_type").as_string(), "mixtral");
+  EXPECT_EQ(io::to_json(j.at("architectures")), "[\"MixtralForCausalLM\"]");
+  EXPECT_EQ(io::to_json(j.at("num_local_experts")), "8");
+  EXPECT_EQ(io::to_json(j.at("num_experts_per_tok")), "2");
+  EXPECT_EQ(io::to_json(j.at("intermediate_size")), "48");
+  // With the selection bias (which Mixtral does not compute), no HF class is claimed.
+  EXPECT_EQ(io::parse_json(train::hf_config_json(c, true), "config.json").find("architectures"), nullptr);
+  // An HF Mixtral config.json (no lattice object) reads back as the same model.
+  io::JsonValue hf = j;
+  io::JsonValue stripped = io::JsonValue::object();
+  for (const auto& [k, v] : hf.as_object())
+    if (k != "lattice") stripped.set(k, v);
+  const model::ModelConfig back = train::model_config_from_hf(stripped, "config.json");
+  EXPECT_EQ(back.n_experts, 8);
+  EXPECT_EQ(back.top_k, 2);
+  EXPECT_EQ(back.moe_ffn(), 48);
+  EXPECT_EQ(back.family, model::Family::Llama);
+}
+
 void expect_refused(const std::vector<std::string>& overrides, const std::string& part) {
   try {
     io::parse_config_text("", "test", overrides);
@@ -356,6 +427,8 @@ TEST(ExpertParallel, RefusesWhatItCannotLayOut) {
   expect_refused(with({"parallel.dp=2", "parallel.ep=3"}), "parallel.ep=3 does not divide parallel.dp x parallel.cp = 2");
   expect_refused(with({"model.top_k=7"}), "model.top_k=7 routes each token to more experts than model.n_experts=6");
   expect_refused(with({"moe.capacity_factor=1.5", "parallel.tp=2"}), "moe.capacity_factor=1.5 drops tokens by each "
+                                                                        "rank's own rows");
+  expect_refused(with({"moe.capacity_factor=1.5", "parallel.cp=2"}), "moe.capacity_factor=1.5 drops tokens by each "
                                                                         "rank's own rows");
   expect_refused({"parallel.dp=2", "parallel.ep=2"}, "parallel.ep=2 applies only when model.n_experts > 0");
   expect_refused({"moe.aux_loss_coef=0.1"}, "moe.aux_loss_coef=0.1 applies only when model.n_experts > 0");

@@ -341,6 +341,12 @@ size_t GPT::expert_index(int layer) const {
   return i >= 0 && i < local_layers() ? expert_group_[static_cast<size_t>(i)] : static_cast<size_t>(-1);
 }
 
+int GPT::layer_of_group(size_t g) const {
+  for (int l = first_layer_; l < last_layer_; l++)
+    if (g == block_index(l) || g == expert_index(l)) return l;
+  return -1;
+}
+
 std::vector<size_t> GPT::group_order(GroupHooks::Pass pass) const {
   // As the passes read them: each MoE layer's experts right after its block
   // (the backward reads the MLP's parameters first, with the block's).
@@ -420,8 +426,6 @@ const std::vector<int64_t>& GPT::routing_counts(int slot, int stage_layer) const
   return slots_[slot]->moe[stage_layer]->counts;
 }
 
-uint64_t GPT::moe_comm_bytes() const { return ep_ ? ep_->bytes() : 0; }
-double GPT::moe_comm_seconds() const { return ep_ ? ep_->seconds() : 0; }
 
 parts::Mlp GPT::mlp(ParamGroup& g) {
   const Layout& y = layout_;

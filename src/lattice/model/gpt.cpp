@@ -98,8 +98,11 @@ size_t GPT::slot_bytes(int B, int T) const {
 
 size_t GPT::stored_activation_bytes(int B, int T) const {
   const int64_t N = static_cast<int64_t>(B) * T;
+  size_t moe_bytes = 0;  // each MoE layer's own state (parts/moe.h), kept under every recompute mode
+  for (int l = first_layer_; l < last_layer_; l++)
+    if (moe_layer(l)) moe_bytes += static_cast<size_t>(const_cast<GPT*>(this)->moe(l).stored_bytes(N));
   return static_cast<size_t>(carve_activations(nullptr, nullptr, sizes_for(N))) +
-         token_arrays() * static_cast<size_t>(N) * sizeof(int32_t);
+         token_arrays() * static_cast<size_t>(N) * sizeof(int32_t) + moe_bytes;
 }
 
 size_t GPT::work16_bytes(int B, int T) const {
@@ -487,7 +490,7 @@ float GPT::forward_stage(int slot_index, const int32_t* inputs, const float* inp
     LATTICE_CHECK(targets, "the last pipeline stage's forward needs the targets");
     check_ids("target", targets, N, V);
   }
-  moe_scale_ = loss_grad_scale, moe_record_ = true;
+  moe_scale_ = loss_grad_scale, moe_record_ = !evaluation_;
   forward_body(s, inputs, input);
   moe_record_ = false;
   s.has_forward = true;

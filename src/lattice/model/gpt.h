@@ -186,6 +186,9 @@ class GPT {
   // reads the groups (what ZeRO-3 prefetches by).
   bool is_expert_group(size_t g) const { return g > final_index_ && g < groups_.size(); }
   size_t expert_index(int layer) const;
+  // The layer (of the whole model) whose block or experts group g holds; -1
+  // for the embedding and the final group.
+  int layer_of_group(size_t g) const;
   std::vector<size_t> group_order(GroupHooks::Pass pass) const;
   // Whether parameter `info` of group `group` counts in the global gradient
   // norm from this rank, so that the sum over the pipeline and tensor-parallel
@@ -280,6 +283,9 @@ class GPT {
   // shards. Set before the first forward.
   void set_expert_parallel(expert::ExpertParallel* ep);
   void set_moe_options(const parts::MoeOptions& options) { moe_options_ = options; }
+  // Forwards that are not training's (pipeline evaluation through
+  // forward_stage) are not counted in moe_stats() while this is on.
+  void set_evaluation(bool on) { evaluation_ = on; }
   const parts::MoeOptions& moe_options() const { return moe_options_; }
   // The selection bias of every layer of the whole model, [n_layer][E] (this
   // stage reads its own layers'); the trainer updates it after each step.
@@ -292,9 +298,7 @@ class GPT {
   // stage layer `stage_layer` (an MoE layer): [ep][E] pairs each ep rank sent
   // to each expert (tests check the all-to-all bytes against them).
   const std::vector<int64_t>& routing_counts(int slot, int stage_layer) const;
-  // The all-to-all bytes sent and seconds spent since the last reset (0 without expert parallelism).
-  uint64_t moe_comm_bytes() const;
-  double moe_comm_seconds() const;
+
 
   // Marks every gradient stale (no memset): the next backward overwrites each
   // gradient on its first write and accumulates after (see ParamGroup::zero_grad).
@@ -474,6 +478,7 @@ class GPT {
   std::unique_ptr<parts::MoeWork> moe_work_;
   float moe_scale_ = 1.0f;  // the running forward's loss gradient factor
   bool moe_record_ = false;  // the running forward is a training forward
+  bool evaluation_ = false;
   parts::Norm norm_;
   kernels::RopeTable rope_;  // rotary positions only
   int vocab_full_ = 0;

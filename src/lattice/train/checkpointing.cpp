@@ -230,7 +230,7 @@ std::string Trainer::save_checkpoint() {
   files[0]->finish();
   files[1]->finish();
   // model.safetensors + config.json make the step directory a Hugging Face model directory.
-  w->write_file("config.json", hf_config_json(model_config_));
+  w->write_file("config.json", hf_config_json(model_config_, config_.moe.bias_update_rate > 0));
   io::JsonValue meta = io::JsonValue::object();
   // The model section with every family default written out.
   io::RunConfig recorded = config_;

@@ -301,10 +301,11 @@ bool hf_class_computes(const ModelConfig& c) {
          c.position == model::PositionKind::Learned && c.bias && c.kv_heads() == c.n_head;
 }
 
-std::string hf_config_json(const ModelConfig& c) {
+std::string hf_config_json(const ModelConfig& c, bool selection_bias) {
   JsonValue o = JsonValue::object();
   set_hf_keys(o, c);
-  if (hf_class_computes(c)) {
+  // (Mixtral has no selection bias: with one, its routing would differ.)
+  if (hf_class_computes(c) && !(c.n_experts > 0 && selection_bias)) {
     const bool llama = c.family == Family::Llama;
     const bool mixtral = c.n_experts > 0;
     o.set("architectures", JsonValue::array().push_back(JsonValue::string(
@@ -331,9 +332,18 @@ ModelConfig model_config_from_hf(const JsonValue& json, const std::string& sourc
     LATTICE_CHECK(type, source << ": no model_type (and no \"lattice\" object): lattice reads model_type \"llama\" "
                                   "or \"gpt2\"");
     const std::string& t = string_of(*type, "model_type", source);
-    LATTICE_CHECK(t == "llama" || t == "gpt2",
-                  source << ": model_type = \"" << t << "\" is not a model lattice can load (\"llama\" or \"gpt2\")");
-    c = t == "llama" ? from_llama_keys(json, source) : from_gpt2_keys(json, source);
+    LATTICE_CHECK(t == "llama" || t == "gpt2" || t == "mixtral",
+                  source << ": model_type = \"" << t
+                         << "\" is not a model lattice can load (\"llama\", \"mixtral\" or \"gpt2\")");
+    c = t == "gpt2" ? from_gpt2_keys(json, source) : from_llama_keys(json, source);
+    if (t == "mixtral") {
+      // HF's Mixtral: a Llama whose every MLP is num_local_experts SwiGLU experts
+      // of intermediate_size, top num_experts_per_tok, weights renormalised (docs/moe.md).
+      c.n_experts = int_of(required(json, "num_local_experts", "", source), "num_local_experts", source);
+      c.top_k = 2;
+      if (const JsonValue* v = optional(json, "num_experts_per_tok")) c.top_k = int_of(*v, "num_experts_per_tok", source);
+      c.moe_ffn_hidden = c.ffn_hidden;
+    }
   }
   try {
     c.validate();

@@ -27,7 +27,9 @@ namespace lattice::train {
 bool hf_class_computes(const model::ModelConfig& c);
 
 // The config.json text (pretty-printed, keys sorted as transformers writes them).
-std::string hf_config_json(const model::ModelConfig& c);
+// selection_bias: an MoE model whose routing has the auxiliary-loss-free
+// bias (moe.bias_update_rate > 0), which HF's Mixtral does not compute.
+std::string hf_config_json(const model::ModelConfig& c, bool selection_bias = false);
 
 // A ModelConfig from a parsed config.json: its "lattice" object when it has
 // one, else the HF keys of model_type "llama" or "gpt2" (HF's defaults for

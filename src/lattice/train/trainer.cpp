@@ -698,7 +698,13 @@ void Trainer::finish_moe_step(StepStats& s) {
       s.expert_load_min = std::min(s.expert_load_min, load), s.expert_load_max = std::max(s.expert_load_max, load);
     }
   }
-  for (const auto& part : parts_) s.ep_comm_bytes += part->moe_comm_bytes(), s.ep_comm_ms += part->moe_comm_seconds() * 1e3;
+  // All-to-alls: one dispatcher serves every part of this rank; the step line
+  // shows the busiest rank's (a stage without MoE layers sends nothing).
+  if (config_.parallel.ep > 1) {
+    double a2a[2] = {static_cast<double>(ep_->bytes()), ep_->seconds() * 1e3};
+    if (mesh_->world().size() > 1) mesh_->world().all_reduce(a2a, 2, DType::F64, comm::ReduceOp::Max);
+    s.ep_comm_bytes = static_cast<uint64_t>(a2a[0]), s.ep_comm_ms = a2a[1];
+  }
   // The auxiliary-loss-free bias follows the step's global loads (every rank
   // computes the same update of every layer), unless the step was skipped.
   const double rate = config_.moe.bias_update_rate;

@@ -93,7 +93,7 @@ struct StepStats {
   // losses (mean over MoE layers and micro-batches), the pairs each expert
   // took over the step (min and max over every MoE layer's experts), the
   // share of pairs a capacity dropped, and expert parallelism's all-to-alls
-  // (rank 0's bytes sent and wall time).
+  // (the largest of any rank's bytes sent and wall time).
   bool moe = false;
   double aux_loss = 0, z_loss = 0, dropped_fraction = 0;
   double expert_load_min = 0, expert_load_max = 0;

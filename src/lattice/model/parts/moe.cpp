@@ -64,40 +64,45 @@ static int64_t receive_capacity(int64_t R, int k, int ep, int local, double boun
   return std::min(worst, static_cast<int64_t>(std::ceil(bound * static_cast<double>(R * k))));
 }
 
-void Moe::ensure(MoeActs& a, MoeWork& w, int64_t N) const {
+int64_t Moe::carve_acts(MoeActs* s, void* base, int64_t N) const {
   const int64_t R = routed_rows(N), C = C_, FU = this->FU(), F = F_;
   const int64_t recv = receive_capacity(R, k_, ep_->size(), ep_->local_experts(), options_.token_bound);
   const int64_t sent = R * k_, FUs = FU_shared(), Fs = F_sh_;
+  Carver cv(base);
+  float* probs = cv.take(R * E_);
+  float* lse = cv.take(R);
+  int32_t* choice = cv.take<int32_t>(sent);
+  float* weight = cv.take(sent);
+  int32_t* slot = cv.take<int32_t>(sent);
+  float* x_exp = cv.take(recv * C);
+  float* fch = cv.take(recv * FU);
+  float* hid = cv.take(recv * F);
+  float* out_send = cv.take(sent * C);
+  float* dout_exp = cv.take(recv * C);
+  float* dfch = cv.take(recv * FU);
+  float* dlogits = cv.take(R * E_);
+  float* sh_fch = cv.take(N * FUs);
+  float* sh_hid = cv.take(N * Fs);
+  float* sh_dfch = cv.take(N * FUs);
+  if (s) {
+    s->probs = probs, s->lse = lse, s->choice = choice, s->weight = weight, s->slot = slot;
+    s->x_exp = x_exp, s->fch = fch, s->hid = hid, s->out_send = out_send, s->dout_exp = dout_exp;
+    s->dfch = dfch, s->dlogits = dlogits, s->sh_fch = sh_fch, s->sh_hid = sh_hid, s->sh_dfch = sh_dfch;
+    s->cap_rows = R, s->cap_recv = recv, s->cap_tokens = N;
+  }
+  return cv.used();
+}
+
+int64_t Moe::stored_bytes(int64_t N) const { return carve_acts(nullptr, nullptr, N); }
+
+void Moe::ensure(MoeActs& a, MoeWork& w, int64_t N) const {
+  const int64_t R = routed_rows(N), C = C_, F = F_;
+  const int64_t recv = receive_capacity(R, k_, ep_->size(), ep_->local_experts(), options_.token_bound);
+  const int64_t sent = R * k_, Fs = F_sh_;
   if (a.cap_rows < R || a.cap_recv < recv || a.cap_tokens < N) {
     // Sized once for the largest micro-batch (and the bound): no allocation in later steps.
-    auto carve = [&](Carver& cv, MoeActs* s) {
-      float* probs = cv.take(R * E_);
-      float* lse = cv.take(R);
-      int32_t* choice = cv.take<int32_t>(sent);
-      float* weight = cv.take(sent);
-      int32_t* slot = cv.take<int32_t>(sent);
-      float* x_exp = cv.take(recv * C);
-      float* fch = cv.take(recv * FU);
-      float* hid = cv.take(recv * F);
-      float* out_send = cv.take(sent * C);
-      float* dout_exp = cv.take(recv * C);
-      float* dfch = cv.take(recv * FU);
-      float* dlogits = cv.take(R * E_);
-      float* sh_fch = cv.take(N * FUs);
-      float* sh_hid = cv.take(N * Fs);
-      float* sh_dfch = cv.take(N * FUs);
-      if (s) {
-        s->probs = probs, s->lse = lse, s->choice = choice, s->weight = weight, s->slot = slot;
-        s->x_exp = x_exp, s->fch = fch, s->hid = hid, s->out_send = out_send, s->dout_exp = dout_exp;
-        s->dfch = dfch, s->dlogits = dlogits, s->sh_fch = sh_fch, s->sh_hid = sh_hid, s->sh_dfch = sh_dfch;
-      }
-    };
-    Carver count(nullptr);
-    carve(count, nullptr);
-    a.mem = Buffer(static_cast<size_t>(count.used()), MemCategory::Activations);
-    Carver cv(a.mem.data());
-    carve(cv, &a);
-    a.cap_rows = R, a.cap_recv = recv, a.cap_tokens = N;
+    a.mem = Buffer(static_cast<size_t>(carve_acts(nullptr, nullptr, N)), MemCategory::Activations);
+    carve_acts(&a, a.mem.data(), N);
   }
   if (w.cap_rows < R || w.cap_recv < recv || w.cap_tokens < N) {
     const int64_t rows_r = std::max(recv, sent);

@@ -137,12 +137,17 @@ class Moe {
   // gradients. ln_whole: norm₂'s output, every row (gathered under SP).
   void backward_weight(MoeActs& a, MoeWork& w, const float* dy_whole, const float* ln_whole, int64_t N);
 
+  // Bytes of the state a micro-batch of N tokens keeps (MoeActs: routing,
+  // the experts' rows and their gradients, the shared experts'), as sized
+  // for the receive bound.
+  int64_t stored_bytes(int64_t N) const;
   // The rows this rank routes of N, and the first of them.
   int64_t routed_rows(int64_t N) const;
   int64_t first_routed_row(int64_t N) const;
 
  private:
   void ensure(MoeActs& a, MoeWork& w, int64_t N) const;
+  int64_t carve_acts(MoeActs* a, void* base, int64_t N) const;  // (sizes only with a null base)
   Mlp expert(int local_expert) const;  // local expert le: the family's MLP, whole (no TP)
   // rows [R, C]: row_t = Σ_j (weights_tj, or 1)·pairs[slot_tj] over the pairs kept.
   void sum_pairs(float* rows, const MoeActs& a, const float* pairs, const float* weights) const;

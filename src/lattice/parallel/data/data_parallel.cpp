@@ -48,11 +48,9 @@ struct DataParallel::Part {
   // the same compression state and PowerSGD draws whatever the layout (the
   // tied embedding's two copies too: summed before their reductions at
   // stages 0-1, they must compress alike); at stages 2-3 the last stage's
-  // copy, reduced apart from the first's, is n_layer + 2. Any other group
-  // (a layer's experts: at most one per layer of the part, in layer order)
-  // is n_layer + 3 + first_layer + its index among them: past every dense
-  // key, and apart from another part's (whose first_layer is at least this
-  // part's layers further on). The engine checks its keys are distinct.
+  // copy, reduced apart from the first's, is n_layer + 2. A layer's experts
+  // (GPT::layer_of_group) are n_layer + 3 + that layer, past every dense
+  // key, the same whatever the pipeline cut. The engine checks its keys are distinct.
   std::vector<int64_t> key;
   std::vector<Buffer> shard_grads;     // stages 2-3: this rank's gradient slices per group
   std::vector<uint8_t> written;        // stages 2-3: a slice was reduced into this step; 0-1: posted this step
@@ -226,7 +224,6 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
       std::erase_if(*order, [&](size_t g) { return !p->owned[g]; });
     }
     const int L = mm.config().n_layer;
-    int64_t extra = 0;  // groups that are not the embedding, a block or the final group, so far
     for (size_t g = 0; g < G; g++) {
       int64_t k = 0;  // the embedding
       if (is_embedding(*p, g)) {
@@ -236,7 +233,7 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
       } else if (g >= b0 && g < b1) {
         k = 1 + mm.first_layer() + static_cast<int64_t>(g - b0);
       } else {
-        k = L + 3 + mm.first_layer() + extra++;
+        k = L + 3 + mm.layer_of_group(g);
       }
       p->key.push_back(k);
     }

@@ -85,7 +85,18 @@ double Executor::evaluate(const std::vector<MicroBatch>& batches, int B, int T) 
   for (int k = 0; k < static_cast<int>(batches.size()); k++)
     for (int s = 0; s < schedule_.stages; s++)
       if (stage_of_[s]) forwards.push_back({s, Op::F, k});
-  double loss = run_actions(forwards, batches, B, T, false);
+  for (model::GPT* g : stage_of_)
+    if (g) g->set_evaluation(true);
+  double loss = 0;
+  try {
+    loss = run_actions(forwards, batches, B, T, false);
+  } catch (...) {
+    for (model::GPT* g : stage_of_)
+      if (g) g->set_evaluation(false);
+    throw;
+  }
+  for (model::GPT* g : stage_of_)
+    if (g) g->set_evaluation(false);
   group_.all_reduce(&loss, 1, DType::F64, comm::ReduceOp::Sum);
   return loss / static_cast<double>(batches.size());
 }
