@@ -183,7 +183,7 @@ TEST(Cli, InterruptSavesACheckpoint) {
 }
 
 // Under mpiexec every rank refuses a mesh that does not fit the world, and a
-// dimension that is not implemented yet, with the same one-line message; the
+// dimension that does not apply (expert parallelism without experts), with the same one-line message; the
 // job exits non-zero instead of hanging.
 TEST(Cli, MultiRankRefusalsReachEveryRank) {
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
@@ -203,7 +203,9 @@ TEST(Cli, MultiRankRefusalsReachEveryRank) {
       << r.output;
   r = mpirun("train " + kTiny + "--set parallel.ep=2");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.output.find("parallel.ep=2: expert parallelism is not implemented yet; set parallel.ep=1"),
+  // (expert parallelism has landed: without experts it has nothing to spread)
+  EXPECT_NE(r.output.find("parallel.ep=2 applies only when model.n_experts > 0: model.n_experts is 0, so every MLP "
+                          "is dense"),
             std::string::npos)
       << r.output;
 }
