@@ -414,13 +414,17 @@ cmd_up() {
   for ((i = 0; i < nodes; i++)); do
     echo "  node$i  $(node_addr "$i")  (namespace $(node_ns "$i"))"
   done
-  echo "run a job from node0 (the head node), e.g. 4 ranks:"
-  echo "  $dir/mpirun -n $((nodes * slots)) build/lattice bench comm"
+  local n=$((nodes * slots))
+  echo "run a job from node0 (the head node), e.g. $n ranks:"
+  echo "  $dir/mpirun -n $n build/lattice bench comm"
   echo "which is:"
+  echo "  source $dir/env"
+  echo "  $dir/on node0 mpirun --hostfile $dir/hostfile -n $n build/lattice bench comm"
+  echo "or, every setting on the command line (as root, with OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1):"
   echo "  $dir/on node0 mpirun --hostfile $dir/hostfile --mca plm_rsh_agent $dir/agent \\"
   echo "    --mca oob_tcp_if_include $subnet --mca btl_tcp_if_include $subnet --mca btl self,vader,tcp \\"
-  echo "    -n $((nodes * slots)) build/lattice bench comm"
-  echo "(as root, with OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; or: source $dir/env)"
+  echo "    --mca oob_tcp_keepalive_time 10 --mca oob_tcp_keepalive_intvl 5 --mca oob_tcp_keepalive_probes 3 \\"
+  echo "    -n $n build/lattice bench comm"
   echo "change the links: scripts/cluster.sh shape --rate 100mbit$( [[ "$name" == lattice ]] || echo " --name $name")"
   echo "remove it:        scripts/cluster.sh down$( [[ "$name" == lattice ]] || echo " --name $name")"
 }
