@@ -39,8 +39,9 @@
 #   mpirun         DIR/mpirun ARGS...: mpirun on node0 with the hostfile and settings
 #
 # Exit status: 0 done; 2 usage; 77 this machine cannot host the cluster (not
-# root, no network namespaces, no bridge or tbf, the subnet in use), with the
-# reason on stderr; 1 anything else.
+# root, no network namespaces, no bridge or tbf, the subnet in use, a delay
+# without netem), with the reason on stderr; 1 anything else. status exits
+# 0 when the cluster is up, 3 when it is down, 1 when it is broken.
 set -Eeuo pipefail
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
@@ -70,7 +71,7 @@ while [[ $# -gt 0 ]]; do
     --dir) dir="${2:?--dir needs a directory}"; shift ;;
     --subnet) subnet="${2:?--subnet needs A.B.C.0/24}"; shift ;;
     --node) only_node="${2:?--node needs a node number}"; shift ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -Eeuo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) usage "unknown option '$1' (valid: --nodes, --slots, --rate, --delay, --name, --dir, --subnet, --node)" ;;
     *) link_args+=("$1") ;;
   esac
@@ -509,6 +510,6 @@ case "$cmd" in
   shape) cmd_shape ;;
   link) cmd_link ;;
   status) cmd_status ;;
-  -h|--help|help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
+  -h|--help|help) sed -n '2,/^set -Eeuo/p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
   *) usage "unknown command '$cmd' (valid: up, down, shape, link, status)" ;;
 esac

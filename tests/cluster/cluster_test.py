@@ -57,8 +57,12 @@ def log(msg):
 class Cluster:
     """The test's own cluster, through scripts/cluster.sh (main takes it down on any exit)."""
 
+    # Private /24s to try, in order, when this machine already uses one.
+    SUBNETS = ("10.77.0", "172.31.77", "192.168.177")
+
     def __init__(self, script, name, state_dir):
         self.script, self.name, self.dir = script, name, state_dir
+        self.net = self.SUBNETS[0]
 
     def run(self, *args, check=True):
         p = subprocess.run([self.script, *args, "--name", self.name, "--dir", self.dir],
@@ -68,7 +72,19 @@ class Cluster:
         return p
 
     def up(self, rate):
-        return self.run("up", "--nodes", "2", "--slots", "2", "--rate", rate, check=False)
+        return self.run("up", "--nodes", "2", "--slots", "2", "--rate", rate, "--subnet", f"{self.net}.0/24",
+                        check=False)
+
+    def first_up(self, rate):
+        for net in self.SUBNETS:
+            self.net = net
+            p = self.up(rate)
+            if not (p.returncode == 77 and "is in use on this machine" in p.stderr):
+                break
+        return p
+
+    def addr(self, node):
+        return f"{self.net}.{node + 1}"
 
     def down(self):
         self.run("down", check=False)
@@ -177,7 +193,7 @@ def check_refusals(a, c, work):
     if shutil.which("setpriv"):
         expect(["up"], 77, "it needs root", as_user=True)
     # A delay needs netem: refused (nothing left behind) where the kernel lacks it.
-    p = subprocess.run([c.script, "up", "--delay", "1ms", "--name", c.name, "--dir", c.dir],
+    p = subprocess.run([c.script, "up", "--delay", "1ms", "--subnet", f"{c.net}.0/24", "--name", c.name, "--dir", c.dir],
                        capture_output=True, text=True)
     if p.returncode == 77:
         if "no netem qdisc" not in p.stderr:
@@ -199,7 +215,7 @@ def check_lifecycle(a, c, work):
     if p.returncode != 0 or "already up" not in p.stdout:
         raise Failed(f"a second up: exit {p.returncode}, {p.stdout.strip()!r} {p.stderr.strip()!r}")
     st = c.run("status").stdout
-    for node in ("node0  10.77.0.1  link UP  tbf 1Gbit", "node1  10.77.0.2  link UP  tbf 1Gbit"):
+    for node in (f"node0  {c.addr(0)}  link UP  tbf 1Gbit", f"node1  {c.addr(1)}  link UP  tbf 1Gbit"):
         if node not in st:
             raise Failed(f"status lacks {node!r}:\n{st}")
     with open(os.path.join(c.dir, "hostfile")) as f:
@@ -207,8 +223,8 @@ def check_lifecycle(a, c, work):
             raise Failed("the hostfile is not 'node0 slots=2', 'node1 slots=2'")
     out = subprocess.run([os.path.join(c.dir, "on"), "node1", "sh", "-c", "hostname; getent hosts node0"],
                          capture_output=True, text=True).stdout.split()
-    if out[:2] != ["node1", "10.77.0.1"]:
-        raise Failed(f"on node1: hostname and node0's address are {out[:2]}, want ['node1', '10.77.0.1']")
+    if out[:2] != ["node1", c.addr(0)]:
+        raise Failed(f"on node1: hostname and node0's address are {out[:2]}, want ['node1', '{c.addr(0)}']")
     return "up again kept the cluster; node1 is 'node1' and resolves node0"
 
 def check_equivalence(a, c, work):
@@ -410,7 +426,7 @@ def main():
     signal.signal(signal.SIGINT, on_signal)
     passed = failed = 0
     try:
-        p = c.up("1gbit")
+        p = c.first_up("1gbit")
         if p.returncode == 77:
             print(f"SKIP: {p.stderr.strip()}", flush=True)
             return 77
@@ -422,6 +438,7 @@ def main():
         # The refusals use a cluster name of their own: nothing they do may
         # touch the one that is up.
         refused = Cluster(c.script, c.name + "r", os.path.join(work, "refused"))
+        refused.net = c.net
         checks = [
             ("refusals", lambda: check_refusals(a, refused, work)),
             ("lifecycle", lambda: check_lifecycle(a, c, work)),
