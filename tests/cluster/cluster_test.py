@@ -18,7 +18,8 @@ its own) and always takes it down again, then checks:
                ranks on one machine) to the uninterrupted run's losses and
                final weights, bit for bit
   link cut     node1's link cut mid-run: mpirun exits non-zero within 60 s
-               with the watchdog's message naming the collective and the rank
+               with the watchdog's message naming the collective and the rank;
+               node1's ranks end too
 
 Exit status: 0 all passed, 1 a check failed, 77 skipped (not root, no network
 namespaces, ...; the reason is printed). Keep it under ~2 minutes.
@@ -28,6 +29,7 @@ namespaces, ...; the reason is printed). Keep it under ~2 minutes.
 """
 import argparse
 import json
+import re
 import os
 import shutil
 import signal
@@ -119,7 +121,11 @@ class Cluster:
         return found
 
     def mpirun(self, n, args, extra=(), env=None, **popen):
-        cmd = [os.path.join(self.dir, "mpirun"), "-n", str(n), *extra, *args]
+        # The jobs run niced, and their waiting ranks yield the core: on a
+        # machine with fewer cores than ranks, busy-polling ranks would
+        # otherwise delay the test's own actions (a reshape, a cut) by seconds.
+        env = dict(env if env is not None else os.environ, OMPI_MCA_mpi_yield_when_idle="1")
+        cmd = ["nice", "-n", "10", os.path.join(self.dir, "mpirun"), "-n", str(n), *extra, *args]
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, **popen)
 
@@ -293,13 +299,13 @@ STEPS = 80  # at 100mbit a step takes ~11 ms, at 10mbit ~100 ms
 
 
 def check_slow_link(a, c, work, ref_dir):
-    """100mbit -> 10mbit after step 10: slower steps, the same run."""
+    """100mbit -> 10mbit after step 5: slower steps, the same run."""
     c.shape("100mbit")
     proc, ref_metrics = dp2_run(a, c, work, "reference", STEPS,
                                 ["--set", f"checkpoint.dir={ref_dir}", "--set", "checkpoint.keep=1"])
     run_ok(proc, "the uninterrupted reference run")
     proc, metrics = dp2_run(a, c, work, "slowed", STEPS)
-    wait_for(lambda: metrics_steps(metrics) >= 10 or proc.poll() is not None, 60, "step 10 of the slowed run")
+    wait_for(lambda: metrics_steps(metrics) >= 5 or proc.poll() is not None, 60, "step 5 of the slowed run")
     c.shape("10mbit")
     changed_after = metrics_steps(metrics)
     run_ok(proc, "the run whose link dropped to a tenth")
@@ -309,7 +315,7 @@ def check_slow_link(a, c, work, ref_dir):
         bad = [s for s in ref if got.get(s) != ref[s]][:3]
         raise Failed(f"losses differ from the uninterrupted run at steps {bad}")
     ms = step_ms(metrics)
-    before = statistics.median(ms[s] for s in range(2, min(changed_after, 10) + 1))
+    before = statistics.median(ms[s] for s in range(2, 6))
     if changed_after + 10 > STEPS:
         raise Failed(f"the run reached step {changed_after} of {STEPS} before the link was reshaped")
     after = statistics.median(ms[s] for s in range(changed_after + 3, STEPS + 1))
@@ -388,9 +394,11 @@ def check_link_cut(a, c, work):
         gone = time.monotonic() - cut_at
     finally:
         c.link(1, "up")
+    # Whichever collective the cut caught (the gradient all-reduce, the loss
+    # all-gather, the stop flag's all-reduce...), named with the silent peer.
     named = [line for line in out.splitlines()
-             if ("watchdog" in line and "all_reduce" in line and "rank 1" in line)
-             or "lost communication" in line]
+             if re.search(r"watchdog: (all_reduce|reduce_scatter|all_gather|broadcast|all_to_all|send|recv|"
+                          r"barrier)\b.*\brank 1\b", line) or "lost communication" in line]
     if not named:
         raise Failed(f"no message names the collective and the peer; output:\n{out[-2000:]}")
     return f"mpirun exited {rc} {took:.1f} s after the cut, node1's ranks were gone by {gone:.1f} s: " \
