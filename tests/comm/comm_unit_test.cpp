@@ -1,6 +1,7 @@
 // Single-process tests of the comm layer's pure parts: mesh arithmetic against
 // an independent enumeration for many shapes, the [parallel] error messages,
-// the MPI thread-level check and the watchdog timeout settings.
+// the MPI thread-level check, the watchdog timeout settings and the run
+// header's placement lines.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -9,6 +10,7 @@
 #include <functional>
 #include <string>
 
+#include "lattice/comm/placement.h"
 #include "lattice/comm/process_mesh.h"
 #include "lattice/comm/runtime.h"
 #include "lattice/comm/watchdog.h"
@@ -137,4 +139,60 @@ TEST(Watchdog, TimeoutMustBePositiveAndComesFromTheEnvironment) {
             "LATTICE_COMM_TIMEOUT_S='-1' is not a positive number of seconds (e.g. LATTICE_COMM_TIMEOUT_S=60)");
   unsetenv("LATTICE_COMM_TIMEOUT_S");
   set_watchdog_timeout(old);
+}
+
+// mpirun fills each node's slots with consecutive ranks: nodes of `per_node`.
+std::vector<std::string> filled_nodes(int world, int per_node) {
+  std::vector<std::string> out;
+  for (int r = 0; r < world; r++) out.push_back("node" + std::to_string(r / per_node));
+  return out;
+}
+
+TEST(Placement, OneNodeSaysNothing) {
+  EXPECT_TRUE(describe_placement({1, 2, 1, 2, 1}, filled_nodes(4, 4)).empty());
+}
+
+TEST(Placement, TensorGroupsInsideNodesAreListedWithoutWarning) {
+  // dp2 x tp2 on 2 nodes x 2 ranks: each TP group is one node's two ranks.
+  const std::vector<std::string> lines = describe_placement({1, 2, 1, 2, 1}, filled_nodes(4, 2));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0], "nodes: 2 (node0: ranks 0-1; node1: ranks 2-3)");
+  EXPECT_EQ(lines[1], "tensor-parallel groups: ranks 0,1 on node0, ranks 2,3 on node1 (each inside one node)");
+}
+
+TEST(Placement, TensorGroupAcrossNodesIsWarnedAbout) {
+  // tp2 on 2 nodes x 1 rank.
+  std::vector<std::string> lines = describe_placement({1, 1, 1, 2, 1}, {"A", "B"});
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], "nodes: 2 (A: rank 0; B: rank 1)");
+  EXPECT_EQ(lines[1], "tensor-parallel groups: ranks 0,1 on A and B");
+  EXPECT_EQ(lines[2],
+            "warning: tensor-parallel group of ranks 0,1 spans nodes A and B: every layer's all-reduces cross the "
+            "link; make parallel.tp divide the ranks per node");
+  // tp4 on 2 nodes x 2 ... and tp2 on nodes of 3 ranks: group 2,3 straddles.
+  lines = describe_placement({1, 3, 1, 2, 1}, filled_nodes(6, 3));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[1], "tensor-parallel groups: ranks 0,1 on node0, ranks 2,3 on node0 and node1, ranks 4,5 on node1");
+  EXPECT_EQ(lines[2].substr(0, 75), "warning: tensor-parallel group of ranks 2,3 spans nodes node0 and node1: ev");
+}
+
+TEST(Placement, ContextGroupsAndManyGroups) {
+  // cp2 x tp2 on 2 nodes x 2: TP inside the nodes, every CP group across them.
+  std::vector<std::string> lines = describe_placement({1, 1, 2, 2, 1}, filled_nodes(4, 2));
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[1], "tensor-parallel groups: ranks 0,1 on node0, ranks 2,3 on node1 (each inside one node)");
+  EXPECT_EQ(lines[2], "context-parallel groups: ranks 0,2 on node0 and node1, ranks 1,3 on node0 and node1");
+  EXPECT_EQ(lines[3],
+            "warning: context-parallel group of ranks 0,2 spans nodes node0 and node1: every layer's attention "
+            "exchanges cross the link; make parallel.tp × parallel.cp divide the ranks per node (2 of 2 "
+            "context-parallel groups span nodes)");
+  // 20 TP groups of 2 on 5 nodes of 8: eight named, the rest counted.
+  lines = describe_placement({1, 20, 1, 2, 1}, filled_nodes(40, 8));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0], "nodes: 5 (node0: ranks 0-7; node1: ranks 8-15; node2: ranks 16-23; node3: ranks 24-31; "
+                      "node4: ranks 32-39)");
+  EXPECT_NE(lines[1].find("ranks 14,15 on node1, ... (20 groups) (each inside one node)"), std::string::npos)
+      << lines[1];
+  EXPECT_EQ(error_of([] { describe_placement({1, 2, 1, 1, 1}, {"a"}); }),
+            "describe_placement: 1 node names for a mesh of 2 ranks");
 }

@@ -100,6 +100,7 @@ void Trainer::print_header() const {
         cpus_, node_cores(), node_cores() - local_ranks_ * cpus_);
   }
   std::printf("lattice: %s\n", dp_->describe().c_str());
+  for (const std::string& line : placement_) std::printf("lattice: %s\n", line.c_str());
   if (expert_dp_) {
     const model::ModelConfig& c = model_config_;
     char capacity[48];

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 
+#include "lattice/comm/placement.h"
 #include "lattice/comm/process_mesh.h"
 #include "lattice/comm/runtime.h"
 #include "lattice/core/error.h"
@@ -201,6 +202,8 @@ Trainer::Trainer(const io::RunConfig& config, TrainerOptions options) : config_(
   set_num_threads(config_.train.threads > 0 ? config_.train.threads : cpus_);
   oversubscribed_ = bound_ ? num_threads() > mine : num_threads() * local_ranks > cores;
   local_ranks_ = local_ranks;
+  // Which node each rank runs on, for the header (collective over the job).
+  if (mesh_->world().size() > 1) placement_ = comm::describe_placement(sizes, comm::node_names(mesh_->world()));
   if (mesh_->world().size() > 1) {
     // One decision for the job: rank 0 times the bf16 GEMM paths.
     double choice[2] = {0, 0};

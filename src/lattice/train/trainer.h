@@ -257,6 +257,7 @@ class Trainer {
   int local_ranks_ = 1;          // ranks of this job on this node
   bool bound_ = false;           // mpiexec bound this rank to some of the node's cores
   int cpus_ = 1;                 // cores this rank may use (its binding, or its share of the node)
+  std::vector<std::string> placement_;  // the header's lines on nodes and groups (comm/placement.h)
 };
 
 // Rewrites a metrics JSONL file without the lines whose "step" is past `step`
