@@ -73,12 +73,10 @@ specified yet). float64 (--dtype float64) only measures what f32 rounding
 does, for the tolerances.
 """
 
-import argparse
 import json
 import math
 import os
 import sys
-import tomllib
 
 import numpy as np
 import torch
@@ -844,47 +842,14 @@ def selftest():
 # ---- command line --------------------------------------------------------------------
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-c", "--config", help="TOML run config, as for lattice train")
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    ap.add_argument("--out", help="write metrics.jsonl, init/model/optimizer.safetensors here")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32",
-                    help="float64 only measures what f32 rounding does (tolerances)")
-    ap.add_argument("--compare-metrics", help="lattice's log.metrics_file of the same run")
-    ap.add_argument("--compare-checkpoint", help="lattice's checkpoint.dir (or a step_* directory) of the same run")
-    ap.add_argument("--tol", action="append", default=[], metavar="NAME=VALUE",
-                    help="override one tolerance of DEFAULT_TOLERANCES (none = unchecked)")
-    ap.add_argument("--quiet", action="store_true")
-    ap.add_argument("--selftest", action="store_true", help="check the tool's own pieces, then exit")
-    args = ap.parse_args(argv)
-    if args.selftest:
-        print(selftest())
-        return 0
-    try:
-        cfg = load_config(args.config, args.set)
-    except (ConfigError, OSError, tomllib.TOMLDecodeError) as e:
-        print(f"moe_reference: {e}", file=sys.stderr)
-        return 2
-    result = train(cfg, args.threads, None if args.quiet else print, getattr(torch, args.dtype))
-    if args.out:
-        write_outputs(result, cfg, args.out)
-    if args.compare_metrics or args.compare_checkpoint:
-        tol = {}
-        for item in args.tol:
-            name, _, value = item.partition("=")
-            if name not in DEFAULT_TOLERANCES:
-                print(f"moe_reference: --tol {item}: no tolerance '{name}' (valid: {', '.join(DEFAULT_TOLERANCES)})",
-                      file=sys.stderr)
-                return 2
-            tol[name] = None if value == "none" else float(value)
-        rep = compare(result, cfg, args.compare_metrics, args.compare_checkpoint, tol)
-        print(json.dumps({k: rep[k] for k in ("tolerances",) + SUMMARY_KEYS if k in rep}, indent=1))
-        for f in rep["failures"]:
-            print("MISMATCH " + f)
-        return 1 if rep["failures"] else 0
-    return 0
+    def dtype_option(ap):
+        ap.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                        help="float64 only measures what f32 rounding does (tolerances)")
+    return ttr.run_command_line(
+        "moe_reference", __doc__, argv, selftest=selftest, load=load_config,
+        train=lambda cfg, args: train(cfg, args.threads, None if args.quiet else print, getattr(torch, args.dtype)),
+        write=write_outputs, compare=compare, tolerance_names=list(DEFAULT_TOLERANCES), summary_keys=SUMMARY_KEYS,
+        extra_options=dtype_option)
 
 
 if __name__ == "__main__":

@@ -761,13 +761,17 @@ SUMMARY_KEYS = ("max_rel", "first_norm_rel", "param_max_abs", "param_max_abs_in"
                 "kbias_max_abs", "kbias_max_abs_in", "moment_rel_l2", "moment_rel_l2_in")
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def run_command_line(tool, doc, argv, *, selftest, load, train, write, compare, tolerance_names, summary_keys,
+                     extra_options=None):
+    """The command line both reference tools share: -c/--set config, --out, --compare-*, --tol, --selftest.
+    train(cfg, args) runs; extra_options(parser) adds a tool's own options."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-c", "--config", help="TOML run config, as for lattice train")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--out", help="write metrics.jsonl, init/model/optimizer.safetensors here")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    if extra_options:
+        extra_options(ap)
     ap.add_argument("--compare-metrics", help="lattice's log.metrics_file of the same run")
     ap.add_argument("--compare-checkpoint", help="lattice's checkpoint.dir (or a step_* directory) of the same run")
     ap.add_argument("--tol", action="append", default=[], metavar="NAME=VALUE",
@@ -779,28 +783,34 @@ def main(argv=None):
         print(selftest())
         return 0
     try:
-        cfg = load_config(args.config, args.set)
+        cfg = load(args.config, args.set)
     except (ConfigError, OSError, tomllib.TOMLDecodeError) as e:
-        print(f"torch_train_reference: {e}", file=sys.stderr)
+        print(f"{tool}: {e}", file=sys.stderr)
         return 2
-    result = train(cfg, args.threads, None if args.quiet else print)
+    result = train(cfg, args)
     if args.out:
-        write_outputs(result, cfg, args.out)
-    if args.compare_metrics or args.compare_checkpoint:
-        tol = {}
-        for item in args.tol:
-            name, _, value = item.partition("=")
-            if name not in DEFAULT_TOLERANCES["f32"]:
-                print(f"torch_train_reference: --tol {item}: no tolerance '{name}' "
-                      f"(valid: {', '.join(DEFAULT_TOLERANCES['f32'])})", file=sys.stderr)
-                return 2
-            tol[name] = None if value == "none" else float(value)
-        rep = compare(result, cfg, args.compare_metrics, args.compare_checkpoint, tol)
-        print(json.dumps({k: rep[k] for k in ("tolerances",) + SUMMARY_KEYS if k in rep}, indent=1))
-        for f in rep["failures"]:
-            print("MISMATCH " + f)
-        return 1 if rep["failures"] else 0
-    return 0
+        write(result, cfg, args.out)
+    if not (args.compare_metrics or args.compare_checkpoint):
+        return 0
+    tol = {}
+    for item in args.tol:
+        name, _, value = item.partition("=")
+        if name not in tolerance_names:
+            print(f"{tool}: --tol {item}: no tolerance '{name}' (valid: {', '.join(tolerance_names)})", file=sys.stderr)
+            return 2
+        tol[name] = None if value == "none" else float(value)
+    rep = compare(result, cfg, args.compare_metrics, args.compare_checkpoint, tol)
+    print(json.dumps({k: rep[k] for k in ("tolerances",) + summary_keys if k in rep}, indent=1))
+    for f in rep["failures"]:
+        print("MISMATCH " + f)
+    return 1 if rep["failures"] else 0
+
+
+def main(argv=None):
+    return run_command_line(
+        "torch_train_reference", __doc__, argv, selftest=selftest, load=load_config,
+        train=lambda cfg, args: train(cfg, args.threads, None if args.quiet else print), write=write_outputs,
+        compare=compare, tolerance_names=list(DEFAULT_TOLERANCES["f32"]), summary_keys=SUMMARY_KEYS)
 
 
 if __name__ == "__main__":
