@@ -197,7 +197,21 @@ def check_refusals(a, c, work):
     expect(["up", "--subnet", "127.0.0.0/24"], 77, "subnet 127.0.0.0/24 is in use on this machine")
     expect(["shape", "--rate", "1gbit"], 1, "no cluster")
     if shutil.which("setpriv"):
-        expect(["up"], 77, "it needs root", as_user=True)
+        # The unprivileged user runs a copy the user can read: the checkout may
+        # lie in a directory only root can enter (a fresh clone under mktemp -d).
+        copy_dir = tempfile.mkdtemp(prefix="lattice-cluster-user-")
+        try:
+            os.chmod(copy_dir, 0o755)
+            copy = os.path.join(copy_dir, "cluster.sh")
+            shutil.copy(c.script, copy)
+            os.chmod(copy, 0o755)
+            script, c.script = c.script, copy
+            try:
+                expect(["up"], 77, "it needs root", as_user=True)
+            finally:
+                c.script = script
+        finally:
+            shutil.rmtree(copy_dir, ignore_errors=True)
     # A delay needs netem: refused (nothing left behind) where the kernel lacks it.
     p = subprocess.run([c.script, "up", "--delay", "1ms", "--subnet", f"{c.net}.0/24", "--name", c.name, "--dir", c.dir],
                        capture_output=True, text=True)
