@@ -403,12 +403,7 @@ def train(cfg, threads=1, log=None, dtype=torch.float32):
         for p in params:  # an expert no token reached this step: a zero gradient, still an AdamW step
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        if clip > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-            scale = min(1.0, clip / (norm + 1e-6))
-        else:
-            norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
-            scale = 1.0
+        norm, scale = ttr.clip_gradients(params, clip)
         opt.step()
         if u > 0:
             for layer, l_load in zip(moe, load):

@@ -518,6 +518,14 @@ def selftest():
 
 # ---- the training run -----------------------------------------------------------
 
+def clip_gradients(params, clip):
+    """Global-norm clipping as lattice's (clip <= 0: none): the norm before clipping and the factor applied."""
+    if clip > 0:
+        norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+        return norm, min(1.0, clip / (norm + 1e-6))
+    return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))), 1.0
+
+
 def lr_at(s, cfg):
     """Warm-up to optim.lr, then cosine to optim.min_lr at the last step."""
     W, S = cfg["optim.warmup_steps"], cfg["train.steps"]
@@ -581,12 +589,7 @@ def train(cfg, threads=1, log=None):
             loss = loss_fn(model, inputs, targets)
             (loss / A).backward()
             micro_losses.append(loss.item())
-        if clip > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-            scale = min(1.0, clip / (norm + 1e-6))
-        else:
-            norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
-            scale = 1.0
+        norm, scale = clip_gradients(params, clip)
         opt.step()
         rec = {"step": s + 1, "loss": sum(micro_losses) / A, "lr": lr, "grad_norm": norm, "clip_scale": scale,
                "micro_losses": micro_losses, "epoch": epoch, "sequences": [int(i) for i in seqs]}

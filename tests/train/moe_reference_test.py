@@ -121,19 +121,9 @@ def make_data(d, vocab, T, seed=DATA_SEED):
     """Two llm.c shards of a sparse random Markov chain: 43 sequences of T+1
     tokens and some over, so that with a global batch of 8 an epoch is 5 steps
     (3 sequences left out) and a window straddles the shard boundary."""
-    import numpy as np
     sys.path.insert(0, HERE)
-    from torch_train_reference_test import write_shard
-    rng = np.random.default_rng(seed)
-    n = 43 * T + 1 + 9
-    succ = rng.integers(0, vocab, size=(vocab, 4))
-    toks = [int(rng.integers(0, vocab))]
-    for _ in range(n - 1):
-        toks.append(int(succ[toks[-1], rng.integers(0, 4)]) if rng.random() < 0.9 else int(rng.integers(0, vocab)))
-    cut = 20 * T + 7
-    write_shard(os.path.join(d, "train_000000.bin"), toks[:cut])
-    write_shard(os.path.join(d, "train_000001.bin"), toks[cut:])
-    return os.path.join(d, "train_*.bin")
+    from torch_train_reference_test import markov_shards
+    return markov_shards(d, vocab, 43 * T + 1 + 9, 20 * T + 7, seed)
 
 
 def lattice_has_moe(lattice):

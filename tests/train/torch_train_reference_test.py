@@ -38,21 +38,26 @@ def write_shard(path, tokens):
         f.write(np.asarray(tokens, dtype="<u2").tobytes())
 
 
-def make_data(d, vocab, T):
-    """Two shards of a learnable token stream (a sparse random Markov chain):
-    35 sequences of T+1 tokens and 17 tokens over, so that with a global batch
-    of 8 an epoch is 4 steps and 3 sequences are left out of each epoch, and
-    windows straddle the shard boundary."""
+def markov_shards(d, vocab, n, cut, seed):
+    """n tokens of a learnable stream (a sparse random Markov chain: each token
+    has 4 likely successors) drawn from `seed`, written as two llm.c shards
+    split at token `cut`; returns their glob."""
     import numpy as np
-    rng = np.random.default_rng(19)
-    n = 35 * T + 1 + 17
-    succ = rng.integers(0, vocab, size=(vocab, 4))  # each token has 4 likely successors
+    rng = np.random.default_rng(seed)
+    succ = rng.integers(0, vocab, size=(vocab, 4))
     toks = [int(rng.integers(0, vocab))]
     for _ in range(n - 1):
         toks.append(int(succ[toks[-1], rng.integers(0, 4)]) if rng.random() < 0.9 else int(rng.integers(0, vocab)))
-    write_shard(os.path.join(d, "train_000000.bin"), toks[:1000])
-    write_shard(os.path.join(d, "train_000001.bin"), toks[1000:])
+    write_shard(os.path.join(d, "train_000000.bin"), toks[:cut])
+    write_shard(os.path.join(d, "train_000001.bin"), toks[cut:])
     return os.path.join(d, "train_*.bin")
+
+
+def make_data(d, vocab, T):
+    """35 sequences of T+1 tokens and 17 tokens over, so that with a global
+    batch of 8 an epoch is 4 steps and 3 sequences are left out of each epoch,
+    and windows straddle the shard boundary."""
+    return markov_shards(d, vocab, 35 * T + 1 + 17, 1000, 19)
 
 
 CONFIG = """\
