@@ -60,9 +60,8 @@ ExpertParallel::Plan ExpertParallel::plan_of(std::vector<int64_t> counts) const 
   return p;
 }
 
-void ExpertParallel::all_to_all(const Plan& plan, const float* send, const std::vector<size_t>& send_rows, float* recv,
+void ExpertParallel::all_to_all(const float* send, const std::vector<size_t>& send_rows, float* recv,
                                 const std::vector<size_t>& recv_rows, int64_t width) {
-  (void)plan;
   std::vector<size_t> sc(send_rows.size()), rc(recv_rows.size());
   for (size_t r = 0; r < sc.size(); r++) {
     sc[r] = send_rows[r] * static_cast<size_t>(width);
@@ -97,7 +96,7 @@ void ExpertParallel::dispatch(const Plan& plan, const float* send, float* rows, 
     if (rows != send) std::memcpy(rows, send, static_cast<size_t>(plan.sent * width) * sizeof(float));
     return;
   }
-  all_to_all(plan, send, plan.send_rows, scratch, plan.recv_rows, width);
+  all_to_all(send, plan.send_rows, scratch, plan.recv_rows, width);
   reorder(plan, scratch, rows, width, true);
 }
 
@@ -107,7 +106,7 @@ void ExpertParallel::combine(const Plan& plan, const float* rows, float* back, f
     return;
   }
   reorder(plan, rows, scratch, width, false);
-  all_to_all(plan, scratch, plan.recv_rows, back, plan.send_rows, width);
+  all_to_all(scratch, plan.recv_rows, back, plan.send_rows, width);
 }
 
 }  // namespace lattice::expert

@@ -84,7 +84,7 @@ class ExpertParallel {
   void reset_counters() { bytes_ = 0, seconds_ = 0; }
 
  private:
-  void all_to_all(const Plan& plan, const float* send, const std::vector<size_t>& send_rows, float* recv,
+  void all_to_all(const float* send, const std::vector<size_t>& send_rows, float* recv,
                   const std::vector<size_t>& recv_rows, int64_t width);
   comm::Communicator* group_;
   int E_, size_ = 1, rank_ = 0;
