@@ -19,6 +19,14 @@ own timeout is set to the same --timeout, so a rank whose peer died stops too.
 Children write their messages to stderr prefixed with their rank; rank 0
 prints the JSON line, which the parent passes on as its only stdout.
 
+Ranks on several hosts (bench/cluster_bench.sh runs one per node of an
+emulated cluster): --rank R starts only rank R of --ranks, with MASTER_ADDR =
+--master-addr (rank 0's host, an address every rank reaches) and MASTER_PORT =
+--master-port (required then: the ranks must agree on it). Start the same
+command line on each host with its own --rank; rank 0's prints the JSON, the
+others print nothing. gloo picks its interface from the host's name, or from
+GLOO_SOCKET_IFNAME when set.
+
 --ranks 1 is DDP over a one-rank gloo group, not a plain process: the ratio
 ranks=2 / ranks=1 then measures the scaling of one code path (hooks, bucket
 copies and all), and DDP's own cost at one rank shows against
@@ -44,6 +52,10 @@ and a 1024x768x3072 GEMM reaches
 --min-gemm-gflops-per-thread x --threads GFLOP/s. --ranks x --threads above the
 CPUs this process may use is refused unless --oversubscribe (then the JSON
 says "oversubscribed": true and its speed means little).
+
+--steps-file FILE: rank 0 appends {"step": i, "step_ms": its own step time} to FILE after every
+step, warm-up steps included, as lattice's log.metrics_file does (bench/cluster_row.py reads the
+link's byte counters when each line appears).
 
 Prints one JSON line:
   {"impl": "pytorch-ddp", "ranks", "threads", "tokens_per_sec", "step_ms", "peak_rss_bytes",
@@ -91,6 +103,23 @@ def add_launch_args(ap):
                          "gloo's timeout")
     ap.add_argument("--oversubscribe", action="store_true",
                     help="allow --ranks x --threads above the CPUs available (speed then means little)")
+    ap.add_argument("--rank", type=int, default=None,
+                    help="start only this rank of --ranks (ranks on several hosts: run the same command on each "
+                         "with its own --rank; needs --master-port)")
+    ap.add_argument("--master-addr", default="127.0.0.1",
+                    help="rank 0's address, which every rank connects to (default 127.0.0.1)")
+    ap.add_argument("--master-port", type=int, default=None,
+                    help="rank 0's port (default: a free one; required with --rank)")
+
+
+def check_launch_args(args):
+    """One clear line for a launch option that cannot work (exit 1)."""
+    if args.rank is not None and not 0 <= args.rank < args.ranks:
+        fail(f"--rank {args.rank} is invalid: a rank of --ranks {args.ranks}, 0 to {args.ranks - 1}")
+    if args.rank is not None and args.master_port is None:
+        fail("--rank needs --master-port: every rank, started separately, must be told the same port")
+    if args.master_port is not None and not 0 < args.master_port < 65536:
+        fail(f"--master-port {args.master_port} is invalid: a TCP port, 1 to 65535")
 
 
 def parse_args():
@@ -101,6 +130,9 @@ def parse_args():
     ap.add_argument("--grad-as-bucket-view", action="store_true",
                     help="DDP gradient_as_bucket_view=True (.grad are views into the buckets; default off, "
                          "as in DDP)")
+    ap.add_argument("--steps-file",
+                    help="rank 0 appends a line {\"step\": i, \"step_ms\": ...} to this file after each step, "
+                         "warm-up ones included (bench/cluster_row.py reads the link's counters at each)")
     add_launch_args(ap)
     args = ap.parse_args()
     torch_blas.check_step_benchmark_args(ap, args, positive=("ranks", "bucket_mb", "timeout"))
@@ -146,13 +178,15 @@ def exit_reason(code):
 
 def parent_main(args, script=None):
     """Starts --ranks copies of `script` (default: this file) with the same command line, as DDP ranks.
-    bench/torch_ddp_hooks.py reuses it for its own children."""
+    bench/torch_ddp_hooks.py reuses it for its own children. With --rank, only that rank."""
     from torch_gpt2_bench import tuned_env  # the same environment as the single-process reference
 
+    check_launch_args(args)
+    mine = [args.rank] if args.rank is not None else list(range(args.ranks))  # the ranks started here
     cpus = torch_blas.usable_cpus()
-    oversubscribed = args.ranks * args.threads > cpus
+    oversubscribed = len(mine) * args.threads > cpus
     if oversubscribed and not args.oversubscribe:
-        fail(f"--ranks {args.ranks} x --threads {args.threads} = {args.ranks * args.threads} threads on the "
+        fail(f"{len(mine)} rank(s) x --threads {args.threads} = {len(mine) * args.threads} threads on the "
              f"{cpus} CPUs this process may use: the reference would be timed oversubscribed (pass "
              "--oversubscribe to run it anyway)")
     try:
@@ -166,7 +200,8 @@ def parent_main(args, script=None):
                                                             "openblas_coretype_source", "openblas_auto_core",
                                                             "cpu")}, oversubscribed=oversubscribed))
     tuned_env(env)  # OMP_WAIT_POLICY=PASSIVE, OPENBLAS_L2_SIZE: see torch_gpt2_bench.py
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.ranks))
+    port = args.master_port if args.master_port is not None else free_port()
+    env.update(MASTER_ADDR=args.master_addr, MASTER_PORT=str(port), WORLD_SIZE=str(args.ranks))
     for k in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID"):  # left over from a launcher, they would confuse the ranks
         env.pop(k, None)
 
@@ -178,7 +213,7 @@ def parent_main(args, script=None):
     procs = []
     cmd = [sys.executable, os.path.abspath(script or __file__)] + sys.argv[1:]
     try:
-        for r in range(args.ranks):
+        for r in mine:
             procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r)),
                                           stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, text=True))
         # Rank 0's only stdout is its JSON line at the end; read it when rank 0 is done (a pipe this small
@@ -186,7 +221,7 @@ def parent_main(args, script=None):
         deadline = time.monotonic() + args.timeout
         while True:
             codes = [p.poll() for p in procs]
-            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            bad = [(mine[i], c) for i, c in enumerate(codes) if c not in (None, 0)]
             if bad:
                 r, c = bad[0]
                 stop_all(procs)
@@ -195,15 +230,17 @@ def parent_main(args, script=None):
             if all(c == 0 for c in codes):
                 break
             if time.monotonic() > deadline:
-                running = [r for r, c in enumerate(codes) if c is None]
+                running = [mine[i] for i, c in enumerate(codes) if c is None]
                 stop_all(procs)
                 fail(f"ranks {running} of {args.ranks} still running after --timeout {args.timeout:g} s; "
                      "killed them all, no result")
             time.sleep(0.05)
-        out = procs[0].stdout.read()
+        out = procs[0].stdout.read() if mine[0] == 0 else None
     except (KeyboardInterrupt, Terminated) as e:
         stop_all(procs)
         fail(f"interrupted ({e or 'SIGINT'}); stopped all ranks")
+    if out is None:  # a rank other than 0: rank 0's process prints the result
+        return
     lines = [l for l in out.splitlines() if l.startswith("{")]
     if not lines:
         fail("rank 0 finished without printing a result")
@@ -302,6 +339,7 @@ def child_main(args):
     grads_bytes = optimizer_bytes = 0
     times, losses = [], []
     cpu0 = wall0 = None
+    steps_file = open(args.steps_file, "a") if args.steps_file and rank == 0 else None
     for i in range(args.warmup + args.steps):
         if i == args.warmup:
             dist.barrier()  # the timed steps start together on every rank
@@ -319,7 +357,12 @@ def child_main(args):
                                             if torch.is_tensor(t)])
         if i >= args.warmup:
             times.append(dt)
+        if steps_file:
+            steps_file.write(json.dumps({"step": i + 1, "step_ms": dt * 1e3}) + "\n")
+            steps_file.flush()
     wall = time.perf_counter() - wall0
+    if steps_file:
+        steps_file.close()
     threads_observed = (time.process_time() - cpu0) / wall
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     if threads_observed < 0.75 * args.threads:
