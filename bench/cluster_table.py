@@ -146,6 +146,7 @@ def dp2_table(r):
           "(inline step - thread step) / inline exposed")
     h = (f"  {'rate':>7} | {'thread':>7} {'inline':>7} {'x':>5} | {'comm s':>6} {'exp s':>6} {'hidden':>6} | "
          f"{'transfer s':>10} {'compute s':>9} {'bwd s':>6} | {'hidden (wall)':>13} | {'link MB/step':>12}")
+    print("  (link MB/step: both nodes' bytes into their links per step, thread row)")
     print(h)
     targets = []
     for rate in rates:
@@ -235,7 +236,8 @@ def layout_table(r):
         return
     print("\n4. tp=2 vs pp=2 vs dp=2 across the link, the smaller model, global batch the same (dp2: the codec-none "
           "row); x dp2 = against dp=2 at the same rate")
-    print("  lattice's bytes: rank 0's sent per step (DP: comm_bytes; TP: tp_comm_bytes; PP: not counted by lattice)")
+    print("  link MB/step: both nodes' bytes into their links; lattice MB: rank 0's own count per step (DP: comm_bytes;"
+          " TP: tp_comm_bytes; PP: not counted, and the tied embedding's gradient sum between the stages is not either)")
     h = (f"  {'rate':>7} {'layout':<6} | {'tok/s':>7} {'x dp2':>6} | {'link MB/step':>12} {'x dp2':>6} | "
          f"{'lattice MB':>10} | {'TP comm s':>9} {'bubble':>6}")
     print(h)
