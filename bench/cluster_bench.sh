@@ -129,6 +129,7 @@ CLUSTER_DIR="$work/cluster"
 cp "$LATTICE_BIN" "$work/lattice"
 LATTICE="$work/lattice"
 echo "$BENCH_NAME: logs, metrics and results in $work" >&2
+STARTED=$SECONDS
 
 CLUSTER_UP=0
 ROW_PID=""  # the row running now (bench/cluster_row.py), stopped by a signal to this script
@@ -358,4 +359,5 @@ with open(sys.argv[1], "a") as f:
 PY
 echo >&2
 "$PYTHON" bench/cluster_table.py "$results"
+echo "$BENCH_NAME: $(( (SECONDS - STARTED) / 60 )) min $(( (SECONDS - STARTED) % 60 )) s; results in $results${OUT:+ (and appended to $OUT)}" >&2
 [[ $FAILED == 0 ]] || { echo "$BENCH_NAME: $FAILED row(s) failed (their logs: $work/logs)" >&2; exit 1; }
