@@ -229,7 +229,9 @@ run_row() {
   echo "== $name" >&2
   local c shown="" sep=""
   for c in "${cmds[@]:1}"; do
-    if [[ "$c" == -- ]]; then shown+=$'\n     & '; sep=""; else shown+="$sep$(printf '%q' "$c")"; sep=" "; fi
+    if [[ "$c" == -- ]]; then shown+=$'\n     & '; sep=""; continue; fi
+    [[ "$c" =~ ^[A-Za-z0-9_./=,:@%+-]+$ ]] || c=$(printf '%q' "$c")   # quoted only where the shell needs it
+    shown+="$sep$c"; sep=" "
   done
   echo "   $shown" >&2
   # In the background, so that a signal to this script is handled at once (the trap stops the row).
