@@ -22,7 +22,8 @@
 #                          all_reduce, reduce_scatter, all_gather, all_to_all, send_recv and
 #                          broadcast, lattice's and raw MPI's (64 KiB to 16 MiB)
 #   probe@R                lattice bench comm all_reduce across the link at 4 and 16 MiB (the
-#                          link's real rate for lattice's 4 MiB gradient buckets)
+#                          link's real rate for lattice's 4 MiB gradient buckets); runs whenever
+#                          another row at that rate does
 #   dp2-thread@R, dp2-inline@R   GPT-2 124M (L=12 C=768 H=12 V=50257, T=256, micro-batch 4 per
 #                          rank), dp=2 across the link, lattice train with the communication
 #                          thread (LATTICE_DP_PROGRESS=thread, overlap on) and inline (off)
@@ -40,8 +41,11 @@
 # --quick: L=2 C=128 H=2 V=1000 T=64 micro-batch 2 for both models, 1 warm-up and 2 timed
 # steps, rates "1gbit 10gbit", comm sizes 64 KiB to 1 MiB: a smoke test of the script, not a
 # measurement. Default: 1 warm-up step, 3 timed (--warmup, --steps).
+# The full run takes about 25 minutes on an idle 2-core machine (estimated from its steps; the
+# rows at 1gbit are the longest), much longer when other jobs share the cores.
 # --rows keeps the rows whose name contains one of the comma-separated filters (e.g.
-# "dp2,ddp", "@1gbit", "codec-topk"). --out appends every row's JSON line (and a "_machine"
+# "dp2-,ddp", "@1gbit", "codec-topk"; a filter that matches layout-dp2@R, such as "dp2", also
+# runs codec-none@R). --out appends every row's JSON line (and a "_machine"
 # line) to a file; --table FILE runs nothing and prints the tables of such a file.
 #
 # What each figure is:
