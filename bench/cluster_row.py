@@ -180,7 +180,7 @@ def summarise_metrics(rows, warmup):
         out["tokens_per_step"] = tokens_per_step
         out["tokens_per_sec"] = tokens_per_step / (out["step_ms"] / 1e3)
     for key in ("comm_ms", "comm_exposed_ms", "comm_hidden", "comm_bytes", "grad_bytes", "grad_bytes_uncompressed",
-                "tp_comm_ms", "tp_comm_bytes", "pp_bubble", "pp_bubble_simulated"):
+                "tp_comm_ms", "tp_comm_bytes", "pp_comm_bytes", "pp_bubble", "pp_bubble_simulated"):
         if all(key in r for r in timed):
             out[key] = statistics.mean(r[key] for r in timed)
     if any("peak_mem_bytes" in r for r in rows):

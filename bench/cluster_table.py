@@ -237,7 +237,7 @@ def layout_table(r):
     print("\n4. tp=2 vs pp=2 vs dp=2 across the link, the smaller model, global batch the same (dp2: the codec-none "
           "row); x dp2 = against dp=2 at the same rate")
     print("  link MB/step: both nodes' bytes into their links; lattice MB: rank 0's own count per step (DP: comm_bytes;"
-          " TP: tp_comm_bytes; PP: not counted, and the tied embedding's gradient sum between the stages is not either)")
+          " TP: tp_comm_bytes; PP: pp_comm_bytes, activations and the tied embedding's gradient sum between the stages)")
     h = (f"  {'rate':>7} {'layout':<6} | {'tok/s':>7} {'x dp2':>6} | {'link MB/step':>12} {'x dp2':>6} | "
          f"{'lattice MB':>10} | {'TP comm s':>9} {'bubble':>6}")
     print(h)
@@ -249,7 +249,7 @@ def layout_table(r):
                 print(f"  {rate:>7} {name:<6} | {'failed' if failed else '-':>7}")
                 continue
             t, lb = d.get("tokens_per_sec"), d.get("link_bytes_per_step")
-            own = d.get("tp_comm_bytes") if name == "tp2" else d.get("comm_bytes") if name == "dp2" else None
+            own = {"tp2": d.get("tp_comm_bytes"), "dp2": d.get("comm_bytes"), "pp2": d.get("pp_comm_bytes")}[name]
             print(f"  {rate:>7} {name:<6} | {fmt(t, '.1f', 7)} {fmt(ratio(t, (dp or {}).get('tokens_per_sec')), '.2f', 6)} | "
                   f"{fmt(lb and lb / 1e6, '.1f', 12)} {fmt(ratio(lb, (dp or {}).get('link_bytes_per_step')), '.2f', 6)} | "
                   f"{fmt(own and own / 1e6, '.1f', 10)} | {fmt(d.get('tp_comm_ms') and d['tp_comm_ms'] / 1e3, '.2f', 9)} "

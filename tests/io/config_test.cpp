@@ -237,6 +237,23 @@ TEST(Config, CrossKeyChecks) {
                                    "parallel.cp_mode=all_to_all"}),
                         "and 2 key/value heads (model.n_kv_head=2)");
   EXPECT_NO_THROW(parse("", {"model.family=llama", "model.n_kv_head=2", "parallel.cp=4"}));  // the ring
+  // 1-bit Adam: a warm-up to freeze v after, a chunk codec, a whole gradient per rank, no experts.
+  EXPECT_NO_THROW(parse("", {"compression.momentum=true", "compression.warmup_steps=10"}));  // exact: ablation
+  EXPECT_NO_THROW(parse("", {"compression.grad=onebit", "compression.momentum=true", "compression.warmup_steps=10",
+                             "parallel.zero_stage=1"}));
+  EXPECT_ERROR_CONTAINS(parse("", {"compression.grad=onebit", "compression.momentum=true"}),
+                        "compression.momentum=true freezes Adam's second moment after compression.warmup_steps "
+                        "ordinary steps, and compression.warmup_steps is 0");
+  EXPECT_ERROR_CONTAINS(parse("", {"compression.grad=powersgd", "compression.momentum=true",
+                                   "compression.warmup_steps=10"}),
+                        "not compression.grad=\"powersgd\"");
+  EXPECT_ERROR_CONTAINS(parse("", {"compression.grad=topk", "compression.momentum=true", "compression.warmup_steps=10",
+                                   "parallel.zero_stage=2"}),
+                        "compression.momentum=true needs each rank's whole gradient, which parallel.zero_stage=2 never "
+                        "holds: use zero_stage 0 or 1");
+  EXPECT_ERROR_CONTAINS(parse("", {"compression.grad=int8", "compression.momentum=true", "compression.warmup_steps=10",
+                                   "model.n_experts=4"}),
+                        "compression.momentum=true is not built for mixture-of-experts models (model.n_experts=4)");
   // recompute.every chooses layers 0, K, 2K, ...: past the last layer it names one that does not exist.
   EXPECT_EQ(testing::error_of([] { parse("[model]\nn_layer = 4\n", {"recompute.mode=selective", "recompute.every=5"}); }),
             "recompute.every=5 names a layer that does not exist: it recomputes layers 0, 5, 10, ... and "
@@ -368,9 +385,11 @@ const std::vector<ConditionalCase>& conditional_cases() {
       {"compression.rank", "compression.grad = \"powersgd\"", "8", {"compression.grad=int8"},
        {"compression.grad=powersgd"}, "compression.rank applies to compression.grad=\"powersgd\" (it is \"int8\")"},
       {"compression.error_feedback", "compression.grad is not \"none\"", "false", {}, {"compression.grad=int8"},
-       "compression.error_feedback and compression.warmup_steps apply to a compression.grad codec (it is \"none\")"},
-      {"compression.warmup_steps", "compression.grad is not \"none\"", "5", {}, {"compression.grad=onebit"},
-       "compression.error_feedback and compression.warmup_steps apply to a compression.grad codec (it is \"none\")"},
+       "compression.error_feedback applies to a compression.grad codec (it is \"none\")"},
+      {"compression.warmup_steps", "compression.grad is not \"none\" or compression.momentum is true", "5", {},
+       {"compression.grad=onebit"},
+       "compression.warmup_steps applies to a compression.grad codec or to compression.momentum (the codec is "
+       "\"none\" and momentum is false)"},
       {"data.val", "data.train is set", "v.bin", {}, {"data.train=a.bin"},
        "data.val=\"v.bin\" applies only when data.train is set: with data.train empty, training and validation both "
        "use synthetic tokens; set data.train, or leave data.val empty"},
@@ -529,7 +548,7 @@ TEST(Config, ItemsAndHelp) {
   for (const auto& [k, v] : items)
     if (k == "data.train") found = v == "\"\"";
   EXPECT_TRUE(found);
-  EXPECT_EQ(items.size(), 82u);
+  EXPECT_EQ(items.size(), 83u);
   std::string help = config_help();
   for (const auto& [k, v] : items) {
     std::string name = k.substr(k.find('.') + 1);

@@ -81,5 +81,45 @@ TEST(AdamW, ThreadCountIndependentAndRejectsStepZero) {
                Error);
 }
 
+// 1-bit Adam's update after its warm-up: m becomes the given momentum, v is
+// left as it was, and p moves by Adam's formula with bc2 of the step at
+// which v was frozen and v̂ lifted to m̂² where that is larger (in double, as
+// ops.h writes it; about half the elements here take each branch).
+TEST(AdamW, MomentumUpdateTakesTheMomentumAndLeavesVFrozen) {
+  const int64_t n = 100003;  // > the parallel threshold, odd tail
+  auto p = randn(n, 8), momentum = randn(n, 9, 0.1f), m = randn(n, 10), v = randn(n, 11, 0.1f);
+  for (auto& x : v) x = x * x + 1e-4f;  // (a v near 0 makes the step ~1 and its rounding ~1e-7)
+  const auto v_before = v, p_before = p;
+  Hyper h;
+  h.lr = 1e-2f;
+  const int64_t t = 40, t_v = 12;
+  std::vector<double> want(n);
+  int64_t lifted = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double mhat = momentum[i] / (1 - std::pow(static_cast<double>(h.beta1), t));
+    const double vhat = std::max(v[i] / (1 - std::pow(static_cast<double>(h.beta2), t_v)), mhat * mhat);
+    lifted += vhat == mhat * mhat;
+    want[i] = p[i] - h.lr * (mhat / (std::sqrt(vhat) + h.eps) + h.wd * static_cast<double>(p[i]));
+  }
+  adamw_momentum_update(p.data(), momentum.data(), m.data(), v.data(), n, h.lr, h.beta1, h.beta2, h.eps, h.wd, t, t_v);
+  test::expect_close(p, want, 1e-7, 1e-6, "param");
+  EXPECT_GT(lifted, n / 5);
+  EXPECT_LT(lifted, n - n / 5);
+  EXPECT_TRUE(test::bitwise_equal(m, momentum));
+  EXPECT_TRUE(test::bitwise_equal(v, v_before));
+  // With t_v = t it is Adam's step whose new m and v are the given ones (v lifted).
+  auto p2 = p_before, m2 = m, v2 = v;
+  adamw_momentum_update(p2.data(), momentum.data(), m2.data(), v2.data(), n, h.lr, h.beta1, h.beta2, h.eps, h.wd, t, t);
+  for (int64_t i = 0; i < n; ++i) {
+    const double mhat = momentum[i] / (1 - std::pow(static_cast<double>(h.beta1), t));
+    const double vhat = std::max(v[i] / (1 - std::pow(static_cast<double>(h.beta2), t)), mhat * mhat);
+    want[i] = p_before[i] - h.lr * (mhat / (std::sqrt(vhat) + h.eps) + h.wd * static_cast<double>(p_before[i]));
+  }
+  test::expect_close(p2, want, 1e-7, 1e-6, "param (t_v = t)");
+  EXPECT_THROW(adamw_momentum_update(p.data(), momentum.data(), m.data(), v.data(), n, h.lr, h.beta1, h.beta2, h.eps,
+                                     h.wd, t, 0),
+               Error);
+}
+
 }  // namespace
 }  // namespace lattice::kernels

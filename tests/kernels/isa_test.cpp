@@ -130,6 +130,16 @@ std::vector<KernelCase> kernel_cases() {
                      append(out, m);
                      append(out, v);
                    }});
+  cases.push_back({"adamw_momentum", [=](std::vector<float>& out) {
+                     auto p = randn(50001, 21), mu = randn(p.size(), 22, 0.1f), v = randn(p.size(), 23, 0.1f);
+                     for (auto& x : v) x = x * x;
+                     std::vector<float> m(p.size(), 0.0f);
+                     for (int step = 5; step <= 7; step++)
+                       adamw_momentum_update(p.data(), mu.data(), m.data(), v.data(), static_cast<int64_t>(p.size()),
+                                             1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 4);
+                     append(out, p);
+                     append(out, m);
+                   }});
   cases.push_back({"embedding", [=](std::vector<float>& out) {
                      auto wte = randn(V * C, 18), wpe = randn(T * C, 19), d = randn(N * C, 20);
                      std::vector<int32_t> tokens(N);

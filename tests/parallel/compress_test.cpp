@@ -3,7 +3,11 @@
 // codec's share of the f32 bytes (asserted against the targets), and
 // through the trainer every ZeRO stage trains with compressed gradients,
 // every rank's parameters identical; error feedback is what makes the biased
-// codecs (topk, onebit) train: without it they end measurably worse.
+// codecs (topk, onebit) train: without it they end measurably worse. 1-bit
+// Adam (compression.momentum): with an exact reduction it trains the model of
+// one process at every data-parallel degree, and with a codec it keeps the
+// replicas identical, sends the codec's share and ends close to f32 where
+// gradient compression does not.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -350,6 +354,202 @@ TEST(CompressedTraining, ErrorFeedbackMatters) {
                   without, plain);
     EXPECT_LT(with + 0.05, without) << codec << ": with error feedback " << with << ", without " << without
                                     << " (uncompressed " << plain << ")";
+  }
+}
+
+// ---- 1-bit Adam (compression.momentum, data_parallel.h) ----
+
+// The compression tests' run with 1-bit Adam after 3 ordinary steps. No
+// clipping: past the warm-up the norm it clips by is the root mean square of
+// the ranks' own gradient norms, which depends on how the batch is cut.
+io::RunConfig onebit_adam_run(const std::string& codec, int zero, int dp) {
+  io::RunConfig c = mpitest::compressed_run(codec, zero, dp);
+  c.compression.momentum = true;
+  c.compression.warmup_steps = 3;
+  c.optim.grad_clip = 0;
+  return c;
+}
+
+// The mean of the ranks' momenta is Adam's averaged momentum: with an exact
+// reduction (codec none) 1-bit Adam trains the model of one process at every
+// data-parallel degree and ZeRO stage 0-1 — losses and parameters to the
+// equivalence tolerance — and over pipelines (the tied embedding's copies).
+// One process runs the same frozen-variance Adam. The norm past the warm-up is
+// the root mean square of the ranks' norms: the one process's exact norm
+// before it, at least that after.
+TEST(OneBitAdam, ExactMomentumTrainsTheModelOfOneProcess) {
+  comm::Communicator& all = world();
+  const int n = all.size();
+  io::RunConfig one = onebit_adam_run("none", 0, 1);
+  one.train.grad_accum_steps = 2 * n;  // the same global batch
+  const mpitest::RunResult want = mpitest::train_run(one, mpitest::self());
+  // And not plain Adam: freezing v changes the run after the warm-up.
+  io::RunConfig adam = one;
+  adam.compression.momentum = false;
+  adam.compression.warmup_steps = 0;
+  const mpitest::RunResult plain = mpitest::train_run(adam, mpitest::self());
+  for (size_t s = 0; s < 3; s++) EXPECT_EQ(plain.losses[s], want.losses[s]) << "warm-up step " << s + 1;
+  EXPECT_GT(std::fabs(plain.losses.back() - want.losses.back()), 1e-4) << "v was not frozen";
+
+  std::vector<std::pair<std::string, io::RunConfig>> layouts;
+  for (int zero : {0, 1}) layouts.push_back({"dp=" + std::to_string(n) + " ZeRO-" + std::to_string(zero),
+                                              onebit_adam_run("none", zero, n)});
+  if (n == 4)
+    for (int zero : {0, 1}) {
+      io::RunConfig c = onebit_adam_run("none", zero, 2);
+      c.parallel.pp = 2;
+      c.train.grad_accum_steps = 4;  // 2 replicas x 4 micro-batches of 2: the same 16 sequences
+      layouts.push_back({"dp=2 pp=2 ZeRO-" + std::to_string(zero), c});
+    }
+  for (const auto& [what, cfg] : layouts) {
+    mpitest::RunResult got = mpitest::train_run(cfg, all);
+    for (size_t s = 0; s < got.norms.size(); s++) {
+      if (s < 3) {
+        EXPECT_NEAR(got.norms[s], want.norms[s], 1e-4 * want.norms[s]) << what << " step " << s + 1;
+      } else {
+        EXPECT_GE(got.norms[s], want.norms[s] * (1 - 1e-5)) << what << " step " << s + 1;
+      }
+    }
+    got.norms = want.norms;  // (checked above)
+    mpitest::expect_same_run(got, want, what);
+  }
+}
+
+// A checkpoint written in the momentum phase resumes it: how many updates
+// the frozen v had seen comes from the checkpoint (the optimizer has taken
+// more steps since), and each rank's momentum restarts from the saved m —
+// which, over one rank, is that rank's own — so at dp=1 the resumed run is
+// the uninterrupted one, bit for bit (clipping on: over one rank the phase's
+// norm is the exact one). Each rank runs its own one-process job.
+TEST(OneBitAdam, ResumesInTheMomentumPhase) {
+  const std::filesystem::path dir =
+      mpitest::shared_dir("lattice_compress_test", "resume") / ("rank" + std::to_string(world().rank()));
+  std::filesystem::create_directories(dir);
+  io::RunConfig c = onebit_adam_run("none", 0, 1);
+  c.optim.grad_clip = 1.0;
+  const mpitest::RunResult whole = mpitest::train_run(c, mpitest::self());
+  mpitest::train_run(c, mpitest::self(), 6, dir.string());
+  io::RunConfig resumed = c;
+  resumed.checkpoint.resume = (dir / "step_000006").string();
+  train::TrainerOptions o;
+  o.print = false;
+  o.ranks = &mpitest::self();
+  train::Trainer t(resumed, o);
+  ASSERT_EQ(t.step(), 6);
+  for (size_t s = 6; s < whole.losses.size(); s++) {
+    const train::StepStats st = t.train_step();
+    EXPECT_EQ(st.loss, whole.losses[s]) << "step " << s + 1;
+    EXPECT_EQ(st.grad_norm, whole.norms[s]) << "step " << s + 1;
+  }
+}
+
+// With a codec: every rank's parameters identical bit for bit, the bytes of
+// the momentum reductions exactly the codec's share of f32's (ZeRO 0: both
+// halves of the all-reduce compressed; ZeRO 1: the reduce-scatter), f32 bytes
+// during the warm-up, and the run close to the exact one (bf16: its rounding;
+// the others: their loss falling at least 30% as far as the exact run's — a
+// codec decoding zeros leaves m at zero and learns nothing past the warm-up;
+// measured 42% and more; topk at 10%, as 1% sends a hundredth of the momentum
+// a step and 7 steps are few).
+TEST(OneBitAdam, CodecsKeepTheReplicasIdenticalAtTheirShareOfTheBytes) {
+  comm::Communicator& all = world();
+  for (int zero : {0, 1}) {
+    const mpitest::RunResult exact = mpitest::train_run(onebit_adam_run("none", zero, all.size()), all);
+    for (const char* codec : {"bf16", "int8", "onebit", "topk"}) {
+      const std::string what = std::string(codec) + " ZeRO-" + std::to_string(zero);
+      train::TrainerOptions o;
+      o.print = false;
+      o.ranks = &all;
+      io::RunConfig cfg = onebit_adam_run(codec, zero, all.size());
+      if (std::string(codec) == "topk") cfg.compression.topk_ratio = 0.1;
+      train::Trainer t(cfg, o);
+      mpitest::RunResult got;
+      double sent = 0, uncompressed = 0;
+      for (int s = 0; s < 10; s++) {
+        const train::StepStats st = t.train_step();
+        got.losses.push_back(st.loss);
+        if (s < 3) {
+          EXPECT_EQ(st.grad_bytes, st.grad_bytes_uncompressed) << what << " warm-up step " << s + 1;
+        } else {
+          sent += static_cast<double>(st.grad_bytes);
+          uncompressed += static_cast<double>(st.grad_bytes_uncompressed);
+        }
+      }
+      for (const train::HfTensor& p : t.full_tensors())
+        ASSERT_EQ(first_differing_rank(all, p.data), -1) << what << ": " << p.name << " differs on that rank";
+      const double share = sent / uncompressed;
+      const double want = std::string(codec) == "bf16"   ? 0.5
+                          : std::string(codec) == "int8" ? 0.27
+                          : std::string(codec) == "topk" ? 0.81
+                                                         : 0.04;
+      EXPECT_LE(share, want + 1e-9) << what;
+      EXPECT_GT(share, 0.0) << what;
+      if (std::string(codec) == "bf16") {
+        for (size_t s = 0; s < got.losses.size(); s++)
+          EXPECT_NEAR(got.losses[s], exact.losses[s], 2e-3 * exact.losses[s]) << what << " step " << s + 1;
+      } else {
+        EXPECT_GE(got.losses.front() - got.losses.back(), 0.3 * (exact.losses.front() - exact.losses.back()))
+            << what << ": loss " << got.losses.front() << " -> " << got.losses.back() << ", exact "
+            << exact.losses.front() << " -> " << exact.losses.back();
+      }
+    }
+  }
+}
+
+// Under tensor parallelism a codec block mixes replicated parameters with
+// slices: the averaged momentum of the replicated ones is made alike over
+// the TP group (average_replicated_grads on the momentum), or the copies drift.
+TEST(OneBitAdam, ReplicatedParametersStayIdenticalOverTheTensorParallelGroup) {
+  if (world().size() != 4) GTEST_SKIP() << "dp2 x tp2 needs 4 ranks";
+  for (const char* codec : {"onebit", "topk"})
+    for (int zero : {0, 1}) {
+      io::RunConfig c = onebit_adam_run(codec, zero, 2);
+      c.parallel.tp = 2;
+      c.parallel.sequence_parallel = true;
+      EXPECT_EQ(mpitest::replicated_param_differing_over_tp(c, world(), 6), "")
+          << codec << " ZeRO-" << zero << ": this parameter differs between the TP ranks that hold it";
+    }
+}
+
+// What 1-bit Adam is for: on the bundled Moby-Dick tokens (the
+// ErrorFeedbackMatters model, 120 steps at dp=2, 20 ordinary steps first
+// either way, error feedback on), onebit on the momentum ends within 3% of
+// uncompressed training and below onebit on the gradient (the mean loss of
+// the last 10 steps; measured +0.13% and +0.80%). topk (1%) is printed, not
+// held to it: on the momentum it ends above topk on the gradient here (+3.03%
+// against +1.90%), as on the demo (docs/performance.md).
+TEST(OneBitAdam, OneBitOnTheMomentumEndsCloseToUncompressed) {
+  if (world().size() != 2) GTEST_SKIP() << "run at dp=2";
+  auto run = [](const std::string& codec, bool momentum) {
+    io::RunConfig c = dp_run(codec, 0);
+    c.model.vocab_size = 50257;
+    c.model.n_layer = 2;
+    c.model.n_embd = 64;
+    c.model.n_head = 4;
+    c.model.seq_len = 32;
+    c.train.micro_batch_size = 4;
+    c.train.grad_accum_steps = 1;
+    c.train.steps = 120;
+    c.optim.lr = 3e-3;
+    c.optim.min_lr = 3e-4;
+    c.optim.warmup_steps = 10;
+    c.data.train = std::string(LATTICE_SOURCE_DIR) + "/data/moby/train_*.bin";
+    if (codec != "none") c.compression.warmup_steps = 20;  // both ways alike
+    c.compression.momentum = momentum;
+    const mpitest::RunResult r = mpitest::train_run(c, world(), 120);
+    double tail = 0;
+    for (size_t s = r.losses.size() - 10; s < r.losses.size(); s++) tail += r.losses[s] / 10;
+    return tail;
+  };
+  const double plain = run("none", false);
+  for (const char* codec : {"onebit", "topk"}) {
+    const double gradient = run(codec, false), momentum = run(codec, true);
+    if (world().rank() == 0)
+      std::printf("[ 1-bit Adam ] %s: last-10 loss %.4f on the momentum, %.4f on the gradient (uncompressed %.4f)\n",
+                  codec, momentum, gradient, plain);
+    if (std::string(codec) != "onebit") continue;
+    EXPECT_LT(momentum, 1.03 * plain) << codec << " on the momentum";
+    EXPECT_LT(momentum, gradient) << codec << ": on the momentum " << momentum << ", on the gradient " << gradient;
   }
 }
 

@@ -290,8 +290,14 @@ const std::vector<Key>& keys() {
         key<&R::compression, &CompressionSection::rank>(
             "compression", "rank", at_least(1),
             "PowerSGD's rank r: each weight matrix's gradient is sent as two factors of r columns"),
-        key<&R::compression, &CompressionSection::warmup_steps>("compression", "warmup_steps", at_least(0),
-                                                                "steps reduced uncompressed before compression starts"),
+        key<&R::compression, &CompressionSection::warmup_steps>(
+            "compression", "warmup_steps", at_least(0),
+            "steps reduced uncompressed before compression starts (with compression.momentum: before Adam's second "
+            "moment is frozen)"),
+        key<&R::compression, &CompressionSection::momentum>(
+            "compression", "momentum", any(),
+            "1-bit Adam: after compression.warmup_steps steps, freeze Adam's second moment and reduce each rank's "
+            "momentum (through compression.grad's codec) instead of its gradient; ZeRO stage 0 or 1"),
 
         key<&R::data, &DataSection::train>("data", "train", any(),
                                            "glob of training .bin shards (empty = synthetic random tokens)"),
@@ -927,14 +933,22 @@ const std::vector<ConditionalRow>& conditional_rows() {
        [](const Setting&, const RunConfig& c) {
          return "compression.rank applies to compression.grad=\"powersgd\" (it is \"" + c.compression.grad + "\")";
        }},
-      {{"compression.error_feedback", "compression.warmup_steps"},
+      {{"compression.error_feedback"},
        "compression.grad is not \"none\"",
        [](const RunConfig& c) { return c.compression.grad != "none"; },
        nullptr,
        nullptr,
        [](const Setting&, const RunConfig&) -> std::string {
-         return "compression.error_feedback and compression.warmup_steps apply to a compression.grad codec "
-                "(it is \"none\")";
+         return "compression.error_feedback applies to a compression.grad codec (it is \"none\")";
+       }},
+      {{"compression.warmup_steps"},
+       "compression.grad is not \"none\" or compression.momentum is true",
+       [](const RunConfig& c) { return c.compression.grad != "none" || c.compression.momentum; },
+       nullptr,
+       nullptr,
+       [](const Setting&, const RunConfig&) -> std::string {
+         return "compression.warmup_steps applies to a compression.grad codec or to compression.momentum (the codec "
+                "is \"none\" and momentum is false)";
        }},
       {{"data.val"},
        "data.train is set",
@@ -1066,6 +1080,22 @@ void check_cross_keys(const RunConfig& cfg) {
                   "moe.token_bound=" << format_double(cfg.moe.token_bound)
                                      << " is below 1: a rank's experts must at least take as many rows as it routes "
                                         "on average; 0 sizes for the worst case");
+  }
+  // 1-bit Adam (parallel/data/data_parallel.h).
+  if (cfg.compression.momentum) {
+    LATTICE_CHECK(cfg.compression.warmup_steps >= 1,
+                  "compression.momentum=true freezes Adam's second moment after compression.warmup_steps ordinary "
+                  "steps, and compression.warmup_steps is 0: set it (1-bit Adam warms up for 15-25% of training)");
+    LATTICE_CHECK(cfg.compression.grad != "powersgd",
+                  "compression.momentum=true compresses the momentum with a chunk codec (bf16, f16, int8, onebit, "
+                  "topk, or none), not compression.grad=\"powersgd\" (which already converges with error feedback "
+                  "on the gradient)");
+    LATTICE_CHECK(cfg.parallel.zero_stage <= 1,
+                  "compression.momentum=true needs each rank's whole gradient, which parallel.zero_stage="
+                      << cfg.parallel.zero_stage << " never holds: use zero_stage 0 or 1 (docs/parallel.md, \"1-bit Adam\")");
+    LATTICE_CHECK(m.n_experts == 0, "compression.momentum=true is not built for mixture-of-experts models "
+                                    "(model.n_experts="
+                                        << m.n_experts << "): their experts are reduced by an engine of their own");
   }
   // (recompute.first against each pipeline stage's layers is the trainer's: it knows the partition.)
   LATTICE_CHECK(cfg.recompute.every <= m.n_layer,

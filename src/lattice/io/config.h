@@ -156,6 +156,7 @@ struct CompressionSection {
   double topk_ratio = 0.01;
   int64_t rank = 4;  // powersgd: the rank of each matrix's approximation
   int64_t warmup_steps = 0;  // uncompressed steps first
+  bool momentum = false;     // 1-bit Adam: the momentum reduced after warmup_steps, v frozen
   bool operator==(const CompressionSection&) const = default;
 };
 

@@ -386,6 +386,19 @@ void crossentropy_local_grad(float* logits_inout, const double* sum_exp, const i
 // p -= lr · ( m/(1-β1^t) / (sqrt(v/(1-β2^t)) + eps) + weight_decay · p )     t = step ≥ 1
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
                   float eps, float weight_decay, int64_t step, float grad_scale);
+// 1-bit Adam after its warm-up (compression.momentum): the momentum is given
+// (formed and averaged elsewhere) and v is frozen since step t_v:
+// m = momentum ; m̂ = m/(1-β1^t) ; v̂ = v/(1-β2^t_v)
+// p -= lr · ( m̂ / (sqrt(max(v̂, m̂²)) + eps) + weight_decay · p )
+// The max: live Adam keeps |m̂| ≲ sqrt(v̂) (an average's square is at most the
+// average of the squares), so no element moves much more than lr a step; a
+// frozen v breaks that wherever the gradient grows after the freeze
+// (attention's query and key weights, nearly still at initialisation), and
+// those elements would take steps of |m̂|/sqrt(v̂) ≫ 1 times lr. Lifting v̂ to
+// m̂² there caps them at lr, and leaves every other element as frozen.
+void adamw_momentum_update(float* param, const float* momentum, float* m, const float* v, int64_t n, float lr,
+                           float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                           int64_t variance_step);
 
 // ---- Peak arithmetic rate (cpu/peak.cpp) ------------------------------------------
 // This CPU's peak multiply-add rate for `dtype` at active_isa(), measured:

@@ -52,8 +52,9 @@ float* AdamW::group_state(int array, size_t g) {
   return store_->resident(array) + group_offsets_[g];
 }
 
-void AdamW::step(float lr, float grad_scale, const std::function<void(int64_t end)>& updated) {
-  step_++;
+void AdamW::for_each_run(const std::function<void(const AdamWSegment&, int64_t in_seg, int64_t n, float* p, float* m,
+                                                 float* v)>& fn,
+                         const std::function<void(int64_t end)>& updated) {
   const bool store_has_params = store_->arrays() == 3;
   size_t first = 0;  // segments are sorted: each window starts where the last stopped
   store_->update_in_windows([&](int64_t begin, int64_t n, float* const* window) {
@@ -65,12 +66,30 @@ void AdamW::step(float lr, float grad_scale, const std::function<void(int64_t en
       if (lo >= hi) continue;
       const int64_t in_seg = lo - s.state_offset, in_win = lo - begin;
       float* p = store_has_params ? window[StateStore::kP] + in_win : s.param + in_seg;
-      kernels::adamw_update(p, s.grad + in_seg, window[StateStore::kM] + in_win, window[StateStore::kV] + in_win,
-                            hi - lo, lr, config_.beta1, config_.beta2, config_.eps,
-                            s.decay ? config_.weight_decay : 0.0f, step_, grad_scale);
+      fn(s, in_seg, hi - lo, p, window[StateStore::kM] + in_win, window[StateStore::kV] + in_win);
       if (updated) updated(hi);
     }
   });
+}
+
+void AdamW::step(float lr, float grad_scale, const std::function<void(int64_t end)>& updated) {
+  step_++;
+  for_each_run(
+      [&](const AdamWSegment& s, int64_t in_seg, int64_t n, float* p, float* m, float* v) {
+        kernels::adamw_update(p, s.grad + in_seg, m, v, n, lr, config_.beta1, config_.beta2, config_.eps,
+                              s.decay ? config_.weight_decay : 0.0f, step_, grad_scale);
+      },
+      updated);
+}
+
+void AdamW::step_momentum(float lr, int64_t variance_steps, const std::function<void(int64_t end)>& updated) {
+  step_++;
+  for_each_run(
+      [&](const AdamWSegment& s, int64_t in_seg, int64_t n, float* p, float* m, float* v) {
+        kernels::adamw_momentum_update(p, s.grad + in_seg, m, v, n, lr, config_.beta1, config_.beta2, config_.eps,
+                                       s.decay ? config_.weight_decay : 0.0f, step_, variance_steps);
+      },
+      updated);
 }
 
 float lr_at(int64_t step, int64_t total_steps, int64_t warmup_steps, float max_lr, float min_lr) {

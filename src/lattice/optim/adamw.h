@@ -56,6 +56,12 @@ class AdamW {
   // goes: every state element below `end` is done (ZeRO starts gathering
   // updated parameters while the rest are being updated).
   void step(float lr, float grad_scale, const std::function<void(int64_t end)>& updated = {});
+  // 1-bit Adam's step after its warm-up (compression.momentum): each
+  // segment's `grad` holds the momentum itself, formed and averaged over the
+  // data-parallel ranks by the caller; it becomes the state's m, and v stays
+  // frozen as it was after `variance_steps` updates (its bias correction
+  // 1 - β2^variance_steps). Otherwise as step().
+  void step_momentum(float lr, int64_t variance_steps, const std::function<void(int64_t end)>& updated = {});
 
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t t) { step_ = t; }
@@ -69,6 +75,11 @@ class AdamW {
 
  private:
   float* group_state(int array, size_t g);
+  // fn(segment, offset in it, n, p, m, v) over every run of a segment in
+  // each window of the store; updated(end) after each (see step).
+  void for_each_run(const std::function<void(const AdamWSegment&, int64_t in_seg, int64_t n, float* p, float* m,
+                                             float* v)>& fn,
+                    const std::function<void(int64_t end)>& updated);
 
   std::vector<AdamWSegment> segments_;
   std::unique_ptr<StateStore> store_;

@@ -237,6 +237,8 @@ std::string Trainer::save_checkpoint() {
   recorded.model = model_section_of(model_config_);
   meta.set("config", io::JsonValue::string(io::config_to_toml(recorded)));
   meta.set("adam_steps", io::JsonValue::integer(optimizer().steps_taken()));
+  // 1-bit Adam past its warm-up: how many updates the frozen v had seen.
+  if (dp_->variance_steps() > 0) meta.set("adam_variance_steps", io::JsonValue::integer(dp_->variance_steps()));
   meta.set("tokens_seen", io::JsonValue::unsigned_integer(tokens_seen_));
   meta.set("seed", io::JsonValue::integer(config_.train.seed));
   // The loss scaler's state (f16; 1 and never moving otherwise).
@@ -386,6 +388,12 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
   step_ = step;
   optimizer().set_steps_taken(adam);
   if (expert_dp_) expert_dp_->optimizer().set_steps_taken(adam);
+  if (const io::JsonValue* v = meta.find("adam_variance_steps")) {
+    int64_t frozen = 0;
+    LATTICE_CHECK(v->get_i64(&frozen) && frozen >= 1 && frozen <= adam,
+                  "checkpoint '" << step_dir << "/meta.json' has a malformed adam_variance_steps");
+    dp_->restore_variance_steps(frozen);
+  }
   load_expert_bias(model_file);
   tokens_seen_ = tokens;
   train_data_->restore(meta.at("train_loader"));

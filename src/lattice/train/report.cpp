@@ -238,6 +238,7 @@ void Trainer::write_metrics(const StepStats& s) {
   if (s.pp_bubble >= 0) {
     fields.push_back({"pp_bubble", s.pp_bubble});
     fields.push_back({"pp_bubble_simulated", s.pp_bubble_simulated});
+    fields.push_back({"pp_comm_bytes", static_cast<double>(s.pp_comm_bytes)});
   }
   if (tp_) {
     fields.push_back({"tp_comm_ms", s.tp_comm_ms});

@@ -507,8 +507,10 @@ bool Trainer::apply_update(double loss, double norm) {
                            "precision.compute=\"bf16\"");
   const bool apply = scaler_.update(bad == 0.0f);
   // Compression's error feedback holds scaled gradients: it follows the scale,
-  // and a skipped step's errors are dropped.
-  if (config_.compression.grad != "none" && config_.compression.error_feedback && (!apply || scaler_.scale() != scale)) {
+  // and a skipped step's errors are dropped. (1-bit Adam's holds momenta,
+  // the scale already out, and a skipped step sends nothing.)
+  if (config_.compression.grad != "none" && config_.compression.error_feedback && !config_.compression.momentum &&
+      (!apply || scaler_.scale() != scale)) {
     const float factor = apply ? static_cast<float>(scaler_.scale() / scale) : 0.0f;
     dp_->reducer().scale_errors(factor);
     if (expert_dp_) expert_dp_->reducer().scale_errors(factor);
@@ -533,6 +535,7 @@ parallel::CompressionOptions Trainer::compression_options() const {
   c.spec.powersgd_rank = config_.compression.rank;
   c.error_feedback = config_.compression.error_feedback;
   c.warmup_steps = config_.compression.warmup_steps;
+  c.momentum = config_.compression.momentum;
   return c;
 }
 
@@ -564,6 +567,7 @@ StepStats Trainer::train_step_unguarded() {
   const float lr = optim::lr_at(step_, config_.train.steps, config_.optim.warmup_steps,
                                 static_cast<float>(config_.optim.lr), static_cast<float>(config_.optim.min_lr));
   const uint64_t tp_bytes_before = tp_ ? tp_->group().stats().bytes_sent : 0;
+  const uint64_t pp_bytes_before = executor_->bytes_sent();
   if (tp_) tp_->reset_comm_seconds();
   // The micro-batches through the schedule; each part's gradients go to the
   // other replicas as its last backward of the step writes them.
@@ -576,7 +580,10 @@ StepStats Trainer::train_step_unguarded() {
   double loss = executor_->run_step(next_batches(*train_data_), B, local_seq_len());
   dp_->finish_gradients();
   if (expert_dp_) expert_dp_->finish_gradients();
-  if (tp_) parallel::average_replicated_grads(dp_->reducer(), dp_->optimizer(), mesh_->tp());
+  const uint64_t pp_bytes = executor_->bytes_sent() - pp_bytes_before;
+  // (1-bit Adam past its warm-up: nothing was reduced, each rank's own
+  // gradient is here; its averaged momentum is made alike below instead.)
+  if (tp_ && !dp_->momentum_phase()) parallel::average_replicated_grads(dp_->reducer(), dp_->optimizer(), mesh_->tp());
   // The gradients now hold the sum over the replicas of each one's mean over
   // its micro-batches: 1/replicas makes it the mean over the global batch.
   // (Every rank of a pipeline and of a TP group has the whole loss; the
@@ -596,11 +603,16 @@ StepStats Trainer::train_step_unguarded() {
     if (mesh_->pp().size() > 1) mesh_->pp().all_reduce(&experts, 1, DType::F64, comm::ReduceOp::Sum);
     sum_squares += experts;
   }
-  // The norm of the mean gradient, the loss scale taken out.
+  // The norm of the mean gradient, the loss scale taken out (1-bit Adam past
+  // its warm-up: the root mean square of the ranks' own, data_parallel.h).
   const double norm = std::sqrt(sum_squares) / replicas / step_scale;
   if (apply_update(loss, norm)) {
     const float grad_scale = static_cast<float>(optim::clip_scale(norm, static_cast<float>(config_.optim.grad_clip)) /
                                                 (static_cast<double>(replicas) * step_scale));
+    if (dp_->momentum_phase() && tp_) {
+      dp_->reduce_momentum(grad_scale);
+      parallel::average_replicated_grads(dp_->reducer(), dp_->optimizer(), mesh_->tp());
+    }
     dp_->optimizer_step(lr, grad_scale);
     if (expert_dp_) expert_dp_->optimizer_step(lr, grad_scale);
     params_changed();
@@ -621,6 +633,7 @@ StepStats Trainer::train_step_unguarded() {
     s.tp_comm_ms = tp_->comm_seconds() * 1e3;
     s.tp_comm_bytes = tp_->group().stats().bytes_sent - tp_bytes_before;
   }
+  s.pp_comm_bytes = pp_bytes;
   s.peak_mem_bytes = MemoryTracker::instance().peak_total();
   const parallel::DataParallel::StepComm c = dp_->step_comm();
   s.comm_ms = c.ran_s * 1e3;

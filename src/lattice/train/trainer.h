@@ -82,6 +82,9 @@ struct StepStats {
   // collectives sit on the critical path, so this is time the step waited.
   double tp_comm_ms = 0;
   uint64_t tp_comm_bytes = 0;
+  // Bytes this rank sent between pipeline stages (pp > 1): activations, their
+  // gradients and the tied embedding's sum between the first and last stage.
+  uint64_t pp_comm_bytes = 0;
   // Pipeline parallelism (pp > 1): the step's measured bubble (idle share of
   // ranks × span) and the simulator's for the measured action costs.
   double pp_bubble = -1, pp_bubble_simulated = -1;

@@ -67,6 +67,10 @@ struct CompressionOptions {
   CodecSpec spec;              // codec None: no compression
   bool error_feedback = true;  // compression.error_feedback
   int64_t warmup_steps = 0;    // compression.warmup_steps
+  // compression.momentum: 1-bit Adam. From step warmup_steps on, the
+  // data-parallel engine reduces each rank's momentum instead of its
+  // gradient, and Adam's second moment is frozen (data_parallel.h).
+  bool momentum = false;
 };
 
 class GradientReducer {

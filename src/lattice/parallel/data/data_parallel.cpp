@@ -55,6 +55,9 @@ struct DataParallel::Part {
   std::vector<Buffer> shard_grads;     // stages 2-3: this rank's gradient slices per group
   std::vector<uint8_t> written;        // stages 2-3: a slice was reduced into this step; 0-1: posted this step
   std::vector<LowRankLayout> lowrank;  // compression.grad = powersgd: each group's matrices
+  // compression.momentum, once past the warm-up: this rank's own momentum
+  // of each owned group (capacity floats), formed from its local gradients.
+  std::vector<Buffer> momentum;
   // The embedding group piece by piece (sharded_embedding.h): stages 2-3
   // whenever the part holds it, stages 0-1 for a whole model over ranks > 1.
   std::unique_ptr<ShardedEmbedding> embedding;
@@ -153,6 +156,17 @@ DataParallel::DataParallel(std::vector<model::GPT*> parts, comm::Communicator& d
   const int stage = options.zero_stage;
   LATTICE_CHECK(stage >= 0 && stage <= 3, "parallel.zero_stage=" << stage << " is not a ZeRO stage (0, 1, 2 or 3)");
   LATTICE_CHECK(!parts.empty(), "internal: data parallelism over no model part");
+  if (options.compression.momentum) {
+    // (config.cpp refuses these with the keys to change; see "1-bit Adam" in data_parallel.h)
+    LATTICE_CHECK(stage <= 1, "compression.momentum (1-bit Adam) needs a rank's whole gradient: ZeRO stage 0 or 1, "
+                              "not " << stage);
+    LATTICE_CHECK(options.compression.spec.codec != GradCodec::PowerSgd,
+                  "compression.momentum works with the chunk codecs, not powersgd");
+    LATTICE_CHECK(!options.whole_group_norm && !options.owns,
+                  "compression.momentum is not built for a model served by several engines (experts)");
+    LATTICE_CHECK(options.compression.warmup_steps >= 1,
+                  "compression.momentum needs compression.warmup_steps >= 1 (Adam's second moment is frozen after them)");
+  }
   // One rank communicates nothing: no thread for it.
   stream_ = std::make_unique<comm::CommStream>(dp, dp.size() == 1 ? comm::Progress::Inline : options.progress);
   reducer_ = std::make_unique<GradientReducer>(*stream_, options.compression);
@@ -383,7 +397,15 @@ std::string DataParallel::describe() const {
     s << ", buckets of at most " << format_bytes(options_.bucket_bytes) << ", communication "
       << comm::progress_name(stream_->progress());
   const CompressionOptions& c = options_.compression;
-  if (c.spec.codec != GradCodec::None && ranks() > 1) {
+  if (c.momentum) {
+    s << ", 1-bit Adam: after " << c.warmup_steps << " steps Adam's second moment frozen and each rank's momentum "
+      << (ranks() > 1 ? "reduced" : "used") << " instead of its gradient";
+    if (c.spec.codec != GradCodec::None && ranks() > 1) {
+      s << ", compressed " << grad_codec_name(c.spec.codec);
+      if (c.spec.codec == GradCodec::TopK) s << " (ratio " << c.spec.topk_ratio << ")";
+      s << (c.error_feedback ? " with" : " without") << " error feedback";
+    }
+  } else if (c.spec.codec != GradCodec::None && ranks() > 1) {
     s << ", gradients compressed " << grad_codec_name(c.spec.codec);
     if (c.spec.codec == GradCodec::TopK) s << " (ratio " << c.spec.topk_ratio << ")";
     if (c.spec.codec == GradCodec::PowerSgd) s << " (rank " << c.spec.powersgd_rank << ")";
@@ -401,6 +423,9 @@ std::string DataParallel::describe() const {
 void DataParallel::begin_step(int64_t step) {
   reducer_->begin_step(step);
   reducer_->reset_bytes();
+  momentum_phase_ = options_.compression.momentum && step >= options_.compression.warmup_steps;
+  momentum_reduced_ = false;
+  if (momentum_phase_ && !momentum_started_) start_momentum_phase();
   for (auto& p : parts_) {
     // GPT::zero_grad on the owned groups: gradients stale, and the compute
     // copies made again from whatever changed the master weights (an update,
@@ -420,6 +445,9 @@ void DataParallel::begin_step(int64_t step) {
 
 void DataParallel::before_backward(size_t j, bool last) {
   Part& p = *parts_.at(j);
+  // 1-bit Adam past its warm-up reduces nothing in the backward: every
+  // backward accumulates here, as the earlier ones of a step always do.
+  if (momentum_phase_) last = false;
   p.last = last;
   if (p.embedding) p.embedding->set_last(last);
 }
@@ -427,6 +455,7 @@ void DataParallel::before_backward(size_t j, bool last) {
 void DataParallel::part_done(size_t j) {
   Part& p = *parts_.at(j);
   if (stage() >= 2) return;  // every backward reduced its groups as they were written
+  if (momentum_phase_) return;  // the momentum is reduced in optimizer_step instead
   for (size_t g = 0; g < p.groups.size(); g++)
     if (p.owned[g] && !p.written[g] && !reduced_at_finish(p, g)) reduce_group(j, g);
 }
@@ -453,12 +482,8 @@ void DataParallel::reap() {
 
 void DataParallel::finish_gradients() {
   // The tied embedding under pipelines: its first and its last stage's copies.
-  size_t first = parts_.size(), last = parts_.size();
-  for (size_t j = 0; j < parts_.size(); j++) {
-    const model::GPT& m = parts_[j]->model;
-    if (m.has_embedding() && parts_[j]->owned[m.embedding_index()] && !m.whole_model() && m.tied_head())
-      (m.first_stage() ? first : last) = j;
-  }
+  size_t first, last;
+  tied_copies(&first, &last);
   const size_t any = first < parts_.size() ? first : last;
   const bool tied = any < parts_.size();
   LATTICE_CHECK(!tied || tied_sum_, "internal: pipeline stages hold the tied embedding but no tied sum was wired");
@@ -477,8 +502,9 @@ void DataParallel::finish_gradients() {
     };
     tied_sum_(grad(first), grad(last), static_cast<size_t>(parts_[any]->groups[e].numel()));
     // Both copies on this rank (ZB-V's rank 0): one reduction, copied.
-    if (part(first)) reduce_group(first, e);
-    if (part(last) && !part(first)) reduce_group(last, e);
+    // (1-bit Adam past its warm-up: no reduction, each rank keeps its own.)
+    if (part(first) && !momentum_phase_) reduce_group(first, e);
+    if (part(last) && !part(first) && !momentum_phase_) reduce_group(last, e);
   }
   for (auto& p : parts_)
     if (p->embedding) p->embedding->finish();
@@ -512,6 +538,7 @@ double DataParallel::sum_over_ranks(double x) {
 }
 
 double DataParallel::grad_sum_squares() {
+  if (momentum_phase_) return local_grad_sum_squares();
   double local = 0;
   for (auto& p : parts_)
     for (size_t g = 0; g < p->groups.size(); g++) {
@@ -531,6 +558,16 @@ double DataParallel::grad_sum_squares() {
 }
 
 void DataParallel::optimizer_step(float lr, float grad_scale) {
+  if (momentum_phase_) reduce_momentum(grad_scale);
+  // The update of this rank's slices: Adam, or 1-bit Adam's on the averaged
+  // momentum that reduce_momentum left where the summed gradient would be.
+  auto update = [&](const std::function<void(int64_t)>& updated) {
+    if (momentum_phase_) {
+      optimizer_->step_momentum(lr, variance_steps_, updated);
+    } else {
+      optimizer_->step(lr, grad_scale, updated);
+    }
+  };
   const bool gather = (stage() == 1 || stage() == 2) && ranks() > 1;
   // Each rank updates its slices; all-gathers make every group whole again
   // (in place: a rank's slice already sits where it is received), each
@@ -559,11 +596,111 @@ void DataParallel::optimizer_step(float lr, float grad_scale) {
     }
   };
   if (gather) {
-    optimizer_->step(lr, grad_scale, post_gathers_up_to);
+    update(post_gathers_up_to);
     post_gathers_up_to(optimizer_->store().numel());  // groups whose tail holds no parameter
     stream_->wait_all();
   } else {
-    optimizer_->step(lr, grad_scale);
+    update({});
+  }
+}
+
+// ---------------------------------------------------------------- 1-bit Adam
+
+void DataParallel::tied_copies(size_t* first, size_t* last) const {
+  *first = *last = parts_.size();
+  for (size_t j = 0; j < parts_.size(); j++) {
+    const model::GPT& m = parts_[j]->model;
+    if (m.has_embedding() && parts_[j]->owned[m.embedding_index()] && !m.whole_model() && m.tied_head())
+      (m.first_stage() ? *first : *last) = j;
+  }
+}
+
+void DataParallel::start_momentum_phase() {
+  // v stops here: it has seen every update so far (fewer than warmup_steps
+  // when a loss-scaled step was skipped), unless a checkpoint written in the
+  // phase said when it stopped (restore_variance_steps).
+  momentum_started_ = true;
+  if (variance_steps_ == 0) variance_steps_ = optimizer_->steps_taken();
+  LATTICE_CHECK(variance_steps_ >= 1, "compression.momentum freezes Adam's second moment after the warm-up, but no "
+                                      "update has been applied yet (compression.warmup_steps="
+                                          << options_.compression.warmup_steps
+                                          << ", every step skipped so far): raise compression.warmup_steps");
+  // Each rank's own momentum starts from the averaged one Adam kept (after a
+  // resume too: the ranks' own momenta are not saved).
+  for (size_t j = 0; j < parts_.size(); j++) {
+    Part& p = *parts_[j];
+    p.momentum.resize(p.groups.size());
+    for (size_t g = 0; g < p.groups.size(); g++) {
+      if (!p.owned[g]) continue;
+      p.momentum[g] = Buffer(static_cast<size_t>(p.groups[g].capacity()) * sizeof(float), MemCategory::Optimizer);
+      std::memset(p.momentum[g].data(), 0, p.momentum[g].bytes());
+      gather_full(j, g, State::AdamM, p.momentum[g].as<float>());
+    }
+  }
+}
+
+double DataParallel::local_grad_sum_squares() {
+  double local = 0;
+  for (auto& p : parts_)
+    for (size_t g = 0; g < p->groups.size(); g++) {
+      if (!p->owned[g]) continue;
+      model::ParamGroup& group = p->groups[g];
+      group.zero_unwritten_grads();
+      for (const model::ParamInfo& info : group.params())
+        if (p->model.counts_in_norm(g, info))
+          local += kernels::sum_squares(group.grad_storage() + info.offset, info.numel());
+    }
+  // The root mean square of the ranks' norms, as the trainer reads it
+  // (√(sum)/ranks): n·Σ_r |g_r|² over n² is Σ_r |g_r|²/n.
+  return ranks() * sum_over_ranks(local);
+}
+
+void DataParallel::reduce_momentum(float grad_scale) {
+  if (!momentum_phase_ || momentum_reduced_) return;
+  momentum_reduced_ = true;
+  const float beta1 = options_.adam.beta1, n = static_cast<float>(ranks());
+  // grad_scale makes the sum of the ranks' gradients the mean (clipped, the
+  // loss scale out): n times it makes this rank's own an estimate of it.
+  const float local = grad_scale * n;
+  size_t first, last;
+  tied_copies(&first, &last);
+  for (size_t j = 0; j < parts_.size(); j++) {
+    Part& p = *parts_[j];
+    for (size_t g = 0; g < p.groups.size(); g++) {
+      if (!p.owned[g]) continue;
+      if (j == last && first < parts_.size() && is_embedding(p, g)) continue;  // the first copy's, copied below
+      model::ParamGroup& group = p.groups[g];
+      group.zero_unwritten_grads();
+      group.zero_grad_padding();
+      float* grad = group.grad_storage();
+      float* mu = p.momentum[g].as<float>();
+      // μ ← β1·μ + (1-β1)·g; what is summed over the ranks is μ/n.
+      const int64_t cap = group.capacity();
+#pragma omp parallel for if (cap > (1 << 16))
+      for (int64_t i = 0; i < cap; i++) {
+        mu[i] = beta1 * mu[i] + (1.0f - beta1) * local * grad[i];
+        grad[i] = mu[i] / n;
+      }
+      if (ranks() == 1) continue;
+      const GroupShard& s = p.layout.group(g);
+      for (int64_t c = 0; c < s.chunks; c++) {
+        float* chunk = grad + c * s.chunk_numel();
+        const int64_t key = GradientReducer::key(p.key[g], c);
+        const std::string label = comm::chunk_label("momentum", group.name(), c, s.chunks);
+        if (stage() == 0) {
+          reducer_->all_reduce(key, chunk, s.slice, label);
+        } else {  // stage 1: this rank's slice summed where it belongs
+          reducer_->reduce_scatter(key, chunk, s.slice, grad + s.slice_begin(c), false, label);
+        }
+      }
+    }
+  }
+  stream_->wait_all();
+  if (first < parts_.size() && last < parts_.size()) {  // both tied copies here: one reduction, copied
+    const size_t e = parts_[first]->model.embedding_index();
+    std::memcpy(parts_[last]->groups[e].grad_storage(), parts_[first]->groups[e].grad_storage(),
+                static_cast<size_t>(parts_[first]->groups[e].capacity()) * sizeof(float));
+    std::memcpy(parts_[last]->momentum[e].data(), parts_[first]->momentum[e].data(), parts_[first]->momentum[e].bytes());
   }
 }
 

@@ -50,6 +50,38 @@
 // Plus the embedding's sparse exchanges of the lookup's gradient rows and
 // tokens (sharded_embedding.h). tests/parallel/dp_test.cpp checks all of it.
 //
+// 1-bit Adam (compression.momentum; Tang et al. 2021, DeepSpeed's OneBitAdam).
+// A biased codec (onebit, topk) with error feedback on the *gradient* fights
+// Adam: what an encoding drops arrives in a burst steps later and v, which
+// normalises by the recent squared gradient, remembers it. 1-bit Adam runs
+// compression.warmup_steps ordinary steps, then freezes v and reduces the
+// momentum instead, which is smooth enough for the codec:
+//   each rank  μ_r ← β1·μ_r + (1-β1)·g_r     (its own gradient, clipped, the
+//                                             loss scale out; μ_r starts as m)
+//   m = Σ_r μ_r / n, through the codec with error feedback on μ_r/n
+//       (reduce_momentum: all-reduce at stage 0, reduce-scatter at stage 1)
+//   p ← p - lr·(m̂ / (√max(v̂, m̂²) + ε) + wd·p)   v frozen at t_v updates,
+//       m̂ = m/(1-β1^t), v̂ = v/(1-β2^t_v); the max caps each step at lr
+//       where a gradient outgrew its frozen v (kernels/ops.h)
+// The mean of the μ_r is exactly Adam's averaged momentum, so an exact codec
+// (none) gives the same model at every data-parallel degree (without
+// clipping, below); nothing is reduced in the backward. Unlike DeepSpeed's
+// OneBitAdam, each rank keeps its own μ_r (rather than taking back the
+// compressed average, which ZeRO-1's slices would not give it), the bias
+// corrections stay, and the max is added. Gradient clipping uses the root mean square of the
+// ranks' gradient norms (one scalar all-reduce), an upper bound of the mean
+// gradient's norm, which is never formed.
+// Per ZeRO stage: 0 sends the codec's share of an all-reduce (both halves
+// compressed); 1 compresses the reduce-scatter and all-gathers the updated
+// parameters in f32, as it always does — the bytes of that gather are ZeRO's,
+// not the gradient's. Memory: μ_r is one more whole-model f32 buffer per rank
+// (MemCategory::Optimizer), beside error feedback's. Stages 2-3 are refused:
+// they exist not to hold a rank's whole gradient, and 1-bit Adam needs it
+// (with μ_r and its error, a whole model twice over) — folding each
+// micro-batch into μ_r as it is written would need the clip factor before
+// the backward ends. A resumed run restarts each μ_r from the saved m and
+// the errors at zero.
+//
 // Every rank of the group must run the same steps with the same calls; all
 // communication goes through one CommStream on the group (comm/comm_stream.h).
 //
@@ -188,6 +220,20 @@ class DataParallel {
   // where the stage keeps them whole (stages 1-2 all-gather, each group as
   // soon as its slices are updated).
   void optimizer_step(float lr, float grad_scale);
+  // 1-bit Adam (compression.momentum) past its warm-up: this step reduces
+  // momenta, not gradients (see "1-bit Adam" above).
+  bool momentum_phase() const { return momentum_phase_; }
+  // The momentum phase's reduction, which optimizer_step does first when it
+  // has not been done: each rank's μ ← β1·μ + (1-β1)·n·grad_scale·g from its
+  // own gradient g, and μ/n summed over the ranks (compressed, with the
+  // codec and error feedback) where the summed gradient would be. A caller
+  // that must act on the averaged momentum before the update (the trainer's
+  // average_replicated_grads under tensor parallelism) calls it first.
+  void reduce_momentum(float grad_scale);
+  // The Adam updates v had seen when it froze (0: not frozen yet), which a
+  // checkpoint keeps: a resumed run's optimizer has taken more steps since.
+  int64_t variance_steps() const { return variance_steps_; }
+  void restore_variance_steps(int64_t t) { variance_steps_ = t; }
   // Sum over the group's ranks (through the stream, in order).
   double sum_over_ranks(double x);
 
@@ -225,6 +271,15 @@ class DataParallel {
   void check_owned(const Part& p, size_t j, size_t g, const char* what) const;
   // Whether group g of p is reduced outside grads_done/part_done.
   bool reduced_at_finish(const Part& p, size_t g) const;
+  // The parts holding the tied embedding's first and last pipeline stage
+  // copies (parts_.size() where not on this rank).
+  void tied_copies(size_t* first, size_t* last) const;
+  // 1-bit Adam: at the first step past the warm-up, v frozen and each rank's
+  // momentum started from Adam's (averaged) m.
+  void start_momentum_phase();
+  // The momentum phase's norm: no gradient was summed, so the root mean
+  // square of the ranks' own (as the trainer reads the sum it returns).
+  double local_grad_sum_squares();
   void reduce_group(size_t j, size_t g);
   void post_gather(size_t j, size_t g);
   void reap();
@@ -247,6 +302,8 @@ class DataParallel {
   std::vector<Release> pending_grad_releases_;
   TiedSum tied_sum_;
   uint64_t bytes_at_step_start_ = 0;
+  bool momentum_phase_ = false, momentum_reduced_ = false, momentum_started_ = false;
+  int64_t variance_steps_ = 0;  // 1-bit Adam: v frozen after this many updates (0: not started)
 };
 
 }  // namespace lattice::parallel

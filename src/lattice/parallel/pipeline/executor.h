@@ -95,6 +95,11 @@ class Executor {
   // head's on the last — are its business, summed before or after its
   // reductions as the ZeRO stage needs.
   void sum_tied(float* first, float* last, size_t n);
+  // Bytes this rank has sent between pipeline stages so far: activations and
+  // their gradients, and the tied embedding's sum (the Communicators' counts).
+  uint64_t bytes_sent() const {
+    return group_.stats().bytes_sent + (embedding_group_ ? embedding_group_->stats().bytes_sent : 0);
+  }
 
  private:
   struct Pending;
