@@ -37,9 +37,9 @@ namespace {
 // oversubscribed ranks: 4 layers, C=128, V=1000 (padded to 1024), T=64,
 // micro-batches of 2 sequences.
 std::vector<std::string> small_model(const std::string& family = "gpt2") {
-  std::vector<std::string> s = {"model.family=" + family, "model.n_layer=4", "model.n_head=4", "model.n_embd=128",
-                                "model.vocab_size=1000", "model.seq_len=64", "train.micro_batch_size=2",
-                                "train.steps=3", "train.threads=1"};
+  std::vector<std::string> s = {"model.family=" + family,   "model.n_layer=4",       "model.n_head=4",
+                                "model.n_embd=128",         "model.vocab_size=1000", "model.seq_len=64",
+                                "train.micro_batch_size=2", "train.steps=3",         "train.threads=1"};
   if (family == "llama") s.push_back("model.n_kv_head=2");
   return s;
 }
@@ -53,7 +53,8 @@ struct Measured {
 // the table (measured, predicted, error per rank and stage).
 void check_layout(const std::string& name, std::vector<std::string> sets) {
   for (const char* s : {"train.grad_accum_steps=4"})
-    if (std::none_of(sets.begin(), sets.end(), [](const std::string& x) { return x.rfind("train.grad_accum", 0) == 0; }))
+    if (std::none_of(sets.begin(), sets.end(),
+                     [](const std::string& x) { return x.rfind("train.grad_accum", 0) == 0; }))
       sets.push_back(s);
   set_num_threads(1);
   const io::RunConfig config = io::parse_config_text("", name, sets);
@@ -75,10 +76,11 @@ void check_layout(const std::string& name, std::vector<std::string> sets) {
     tracker.reset_peaks();
     for (int s = 0; s < 3; s++) trainer.train_step();
     got.peak_total = static_cast<double>(tracker.peak_total());
-    for (size_t c = 0; c < got.peak.size(); c++) got.peak[c] = static_cast<double>(tracker.peak(static_cast<MemCategory>(c)));
+    for (size_t c = 0; c < got.peak.size(); c++)
+      got.peak[c] = static_cast<double>(tracker.peak(static_cast<MemCategory>(c)));
   }
 
-  plan::Workload workload{name, train::model_config_of(config.model), io::global_batch_size(config)};
+  plan::Workload workload{name, train::model_config_of(config.model), io::global_batch_size(config), config.model};
   const plan::Layout layout = plan::layout_of(config);
   plan::MemoryOptions options;
   options.threads = 1;
@@ -130,12 +132,21 @@ TEST(PlanMemory, RecomputeFull) { check_layout("recompute full", with(small_mode
 TEST(PlanMemory, LlamaOneProcess) { check_layout("llama one process", small_model("llama")); }
 
 // ---- two ranks ----
-TEST(PlanMemory, Dp2Zero0) { check_layout("dp2 zero0", with(small_model(), {"parallel.dp=2", "parallel.zero_stage=0"})); }
-TEST(PlanMemory, Dp2Zero1) { check_layout("dp2 zero1", with(small_model(), {"parallel.dp=2", "parallel.zero_stage=1"})); }
-TEST(PlanMemory, Dp2Zero2) { check_layout("dp2 zero2", with(small_model(), {"parallel.dp=2", "parallel.zero_stage=2"})); }
-TEST(PlanMemory, Dp2Zero3) { check_layout("dp2 zero3", with(small_model(), {"parallel.dp=2", "parallel.zero_stage=3"})); }
+TEST(PlanMemory, Dp2Zero0) {
+  check_layout("dp2 zero0", with(small_model(), {"parallel.dp=2", "parallel.zero_stage=0"}));
+}
+TEST(PlanMemory, Dp2Zero1) {
+  check_layout("dp2 zero1", with(small_model(), {"parallel.dp=2", "parallel.zero_stage=1"}));
+}
+TEST(PlanMemory, Dp2Zero2) {
+  check_layout("dp2 zero2", with(small_model(), {"parallel.dp=2", "parallel.zero_stage=2"}));
+}
+TEST(PlanMemory, Dp2Zero3) {
+  check_layout("dp2 zero3", with(small_model(), {"parallel.dp=2", "parallel.zero_stage=3"}));
+}
 TEST(PlanMemory, Dp2Zero3Offload) {
-  const std::string dir = (std::filesystem::temp_directory_path() / ("lattice_plan_offload_" + std::to_string(getpid()))).string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("lattice_plan_offload_" + std::to_string(getpid()))).string();
   std::filesystem::create_directories(dir);
   check_layout("dp2 zero3 offload", with(small_model(), {"parallel.dp=2", "parallel.zero_stage=3", "zero.offload=disk",
                                                          "zero.offload_dir=" + dir}));
@@ -150,7 +161,9 @@ TEST(PlanMemory, Tp2Sp) {
   check_layout("tp2 sp", with(small_model(), {"parallel.tp=2", "parallel.sequence_parallel=true"}));
 }
 TEST(PlanMemory, Pp2OneFOneB) { check_layout("pp2 1f1b", with(small_model(), {"parallel.pp=2"})); }
-TEST(PlanMemory, Pp2Gpipe) { check_layout("pp2 gpipe", with(small_model(), {"parallel.pp=2", "parallel.schedule=gpipe"})); }
+TEST(PlanMemory, Pp2Gpipe) {
+  check_layout("pp2 gpipe", with(small_model(), {"parallel.pp=2", "parallel.schedule=gpipe"}));
+}
 TEST(PlanMemory, Pp2ZbH1FullRecompute) {
   check_layout("pp2 zb-h1 recompute full",
                with(small_model(), {"parallel.pp=2", "parallel.schedule=zb-h1", "recompute.mode=full"}));
@@ -165,7 +178,7 @@ TEST(PlanMemory, Cp2AllToAll) {
 }
 TEST(PlanMemory, MoeEp2) {
   check_layout("moe dp2 ep2 zero1", with(small_model("llama"), {"model.n_experts=4", "model.top_k=2", "parallel.dp=2",
-                                                              "parallel.ep=2", "parallel.zero_stage=1"}));
+                                                                "parallel.ep=2", "parallel.zero_stage=1"}));
 }
 
 // ---- four ranks ----
@@ -176,7 +189,8 @@ TEST(PlanMemory, Dp2Pp2Zero3) {
   check_layout("dp2 pp2 zero3", with(small_model(), {"parallel.dp=2", "parallel.pp=2", "parallel.zero_stage=3"}));
 }
 TEST(PlanMemory, Tp2Pp2Sp) {
-  check_layout("tp2 pp2 sp", with(small_model(), {"parallel.tp=2", "parallel.pp=2", "parallel.sequence_parallel=true"}));
+  check_layout("tp2 pp2 sp",
+               with(small_model(), {"parallel.tp=2", "parallel.pp=2", "parallel.sequence_parallel=true"}));
 }
 TEST(PlanMemory, Pp4OneFOneB) { check_layout("pp4 1f1b", with(small_model(), {"parallel.pp=4"})); }
 

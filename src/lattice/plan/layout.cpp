@@ -48,17 +48,19 @@ Layout parse_layout(const std::string& name) {
       const char* prefix;
       int* field;
     };
-    const Knob knobs[] = {{"dp", &l.dp},           {"tp", &l.tp},         {"pp", &l.pp},
-                          {"cp", &l.cp},           {"ep", &l.ep},         {"v", &l.virtual_stages},
-                          {"z", &l.zero_stage},    {"mb", &l.micro_batch_size}, {"m", &l.micro_batches}};
+    const Knob knobs[] = {{"dp", &l.dp},          {"tp", &l.tp},
+                          {"pp", &l.pp},          {"cp", &l.cp},
+                          {"ep", &l.ep},          {"v", &l.virtual_stages},
+                          {"z", &l.zero_stage},   {"mb", &l.micro_batch_size},
+                          {"m", &l.micro_batches}};
     bool matched = false;
     // "mb" before "m": number_after("mb4", "m") fails on the 'b', so the order only keeps it cheap.
     for (const Knob& k : knobs) {
       const long v = number_after(piece, k.prefix);
       if (v < 0) continue;
-      LATTICE_CHECK(v >= (std::string(k.prefix) == "z" ? 0 : 1),
-                    "layout '" << name << "': '" << piece << "' must be at least "
-                               << (std::string(k.prefix) == "z" ? 0 : 1));
+      LATTICE_CHECK(v >= (std::string(k.prefix) == "z" ? 0 : 1), "layout '" << name << "': '" << piece
+                                                                            << "' must be at least "
+                                                                            << (std::string(k.prefix) == "z" ? 0 : 1));
       *k.field = static_cast<int>(v);
       matched = true;
       break;
@@ -76,8 +78,9 @@ Layout parse_layout(const std::string& name) {
       l.compute = parse_dtype(piece);
     } else if (piece.rfind("rc-", 0) == 0) {
       const std::string mode = piece.substr(3);
-      LATTICE_CHECK(mode == "none" || mode == "selective" || mode == "full",
-                    "layout '" << name << "': '" << piece << "' is not a recompute mode (rc-none, rc-selective, rc-full)");
+      LATTICE_CHECK(
+          mode == "none" || mode == "selective" || mode == "full",
+          "layout '" << name << "': '" << piece << "' is not a recompute mode (rc-none, rc-selective, rc-full)");
       l.recompute = model::recompute_from_name(mode);
     } else {
       LATTICE_FAIL("layout '" << name << "': cannot read '" << piece

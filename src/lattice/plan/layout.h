@@ -26,9 +26,12 @@ namespace lattice::plan {
 
 // A model and the batch of one optimizer step.
 struct Workload {
-  std::string name;           // "llama2-70b", or the config file's path
-  model::ModelConfig model;   // model.seq_len is the training sequence length
-  int64_t global_batch = 0;   // sequences per optimizer step (all data-parallel ranks)
+  std::string name;          // "llama2-70b", or the config file's path
+  model::ModelConfig model;  // model.seq_len is the training sequence length
+  int64_t global_batch = 0;  // sequences per optimizer step (all data-parallel ranks)
+  // The same model as a [model] section (train::model_section_of writes it):
+  // what the layouts' run configs are checked and emitted with.
+  io::ModelSection section;
   int64_t tokens_per_step() const { return global_batch * model.seq_len; }
 };
 
@@ -36,9 +39,9 @@ struct Layout {
   int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
   int virtual_stages = 1;  // chunks per pipeline rank (interleaved: >= 2; zb-v: 2)
   int zero_stage = 0;
-  bool offload = false;         // zero.offload = "disk": optimizer state (and ZeRO-3's parameter shard) on disk
-  int micro_batch_size = 1;     // sequences per micro-batch
-  int micro_batches = 1;        // per data-parallel rank per step (m)
+  bool offload = false;           // zero.offload = "disk": optimizer state (and ZeRO-3's parameter shard) on disk
+  int micro_batch_size = 1;       // sequences per micro-batch
+  int micro_batches = 1;          // per data-parallel rank per step (m)
   std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1 | zb-v
   bool sequence_parallel = false;
   std::string cp_mode = "ring";  // ring | all_to_all

@@ -9,6 +9,7 @@
 #include "lattice/layers/tensor/tensor_parallel.h"
 #include "lattice/model/gpt.h"
 #include "lattice/parallel/data/data_parallel.h"
+#include "lattice/parallel/pipeline/simulator.h"
 #include "lattice/parallel/zero/shard_layout.h"
 
 namespace lattice::plan {
@@ -108,10 +109,10 @@ void add_mlp(Padded& g, const model::ModelConfig& m, int64_t F, bool gate_packs_
 // The carve sizes of one chunk's micro-batch (model::CarveSizes).
 struct Carve {
   int64_t C, NH, A, QKV, FU, F, V, N, R, HO;
-  int64_t L, L_moe;   // the chunk's layers, of which MoE layers (their MLP arrays are the experts')
+  int64_t L, L_moe;  // the chunk's layers, of which MoE layers (their MLP arrays are the experts')
   bool sp, head;
-  int64_t e;          // bytes of a stored value: 4, or 2 at bf16/f16
-  bool keep_logits;   // 16-bit: dlogits stored (not a local head)
+  int64_t e;         // bytes of a stored value: 4, or 2 at bf16/f16
+  bool keep_logits;  // 16-bit: dlogits stored (not a local head)
   Recompute r;
 };
 
@@ -119,17 +120,24 @@ int64_t field_elems(const Carve& z, LayerField f) {
   switch (f) {
     case LayerField::Ln1:
     case LayerField::Res1:
-    case LayerField::Ln2: return z.R * z.C;
-    case LayerField::Qkv: return z.N * z.QKV;
-    case LayerField::Atty: return z.N * z.A;
-    case LayerField::Fch: return z.N * z.FU;
-    case LayerField::Hid: return z.N * z.F;
-    case LayerField::HeadsOut: return z.N * z.HO;
-    default: return 0;
+    case LayerField::Ln2:
+      return z.R * z.C;
+    case LayerField::Qkv:
+      return z.N * z.QKV;
+    case LayerField::Atty:
+      return z.N * z.A;
+    case LayerField::Fch:
+      return z.N * z.FU;
+    case LayerField::Hid:
+      return z.N * z.F;
+    case LayerField::HeadsOut:
+      return z.N * z.HO;
+    default:
+      return 0;
   }
 }
-constexpr LayerField kArrays[] = {LayerField::Ln1, LayerField::Qkv, LayerField::Atty,    LayerField::Res1,
-                                  LayerField::Ln2, LayerField::Fch, LayerField::Hid, LayerField::HeadsOut};
+constexpr LayerField kArrays[] = {LayerField::Ln1, LayerField::Qkv, LayerField::Atty, LayerField::Res1,
+                                  LayerField::Ln2, LayerField::Fch, LayerField::Hid,  LayerField::HeadsOut};
 bool mlp_field(LayerField f) { return f == LayerField::Fch || f == LayerField::Hid; }
 
 // The statistics of a layer `keep(f)` names (f32): LayerNorm/RMSNorm mean and
@@ -182,9 +190,9 @@ int64_t slot_grad_bytes(const Carve& z, bool split) {
     b += dense_layers * layer(true) + z.L_moe * layer(false);
   else
     b += layer(dense_layers > 0);
-  if (z.head) b += NC;                               // dlnf
-  b += a64(4 * z.N * z.F) + a64(4 * z.N * z.A);      // scratch4c, scratch_c
-  if (z.sp) b += a64(4 * 2 * z.C);                    // ln_scratch
+  if (z.head) b += NC;                           // dlnf
+  b += a64(4 * z.N * z.F) + a64(4 * z.N * z.A);  // scratch4c, scratch_c
+  if (z.sp) b += a64(4 * 2 * z.C);               // ln_scratch
   if (split && z.r != Recompute::None) {
     auto kept = [&](bool moe) {
       int64_t k = 0;
@@ -216,20 +224,24 @@ int64_t work_bytes(const Carve& z, int64_t head_rows) {
 }
 
 // A data-parallel engine's view of one group of a chunk.
+// (`count` consecutive groups of the same size: a chunk's blocks.)
 struct GroupUse {
   int64_t numel;
   bool embedding;
   bool gemm_weights;  // a GEMM reads its weights (bf16: oneDNN keeps a bf16 copy)
-  const char* kind;
+  int count = 1;
 };
 
 struct Accumulator {
   std::array<double, kCategories> bytes{};
   std::vector<MemoryTerm>* terms = nullptr;
-  void add(MemCategory c, double b, const std::string& what) {
+  // `describe` makes the term's text, only when terms are kept (the search
+  // predicts memory for hundreds of thousands of layouts a second).
+  template <typename Describe>
+  void add(MemCategory c, double b, Describe describe) {
     if (b == 0) return;
     bytes[static_cast<size_t>(c)] += b;
-    if (terms) terms->push_back({c, what, b});
+    if (terms) terms->push_back({c, describe(), b});
   }
 };
 
@@ -238,8 +250,8 @@ struct Accumulator {
 // at least 256 KiB so far, reallocated when a larger one comes — the old
 // pair still alive while the new one is made, the transient.
 struct RingScratch {
-  double pair = 0;       // bytes held now
-  double replaced = 0;   // the largest pair a larger one replaced
+  double pair = 0;      // bytes held now
+  double replaced = 0;  // the largest pair a larger one replaced
   // A reduce-scatter in which each rank receives `recv_bytes`, in the order they run.
   void reduce_scatter(double recv_bytes, int ranks) {
     if (ranks <= 1 || recv_bytes < static_cast<double>(comm::kRingReduceScatterBytes)) return;
@@ -277,9 +289,13 @@ void engine_memory(const std::vector<EngineChunk>& chunks, int ranks, int64_t C,
   double largest_shard = 0, emb_shard = 0;
   std::map<int64_t, int> pooled;  // capacities of the groups borrowed whole at stages 2-3, and how many
   int groups = 0;
-  for (const EngineChunk& chunk : chunks) {
+  // Each entry's cut over the ranks (the same for every group of its size).
+  std::vector<std::vector<parallel::GroupShard>> cuts(chunks.size());
+  for (size_t j = 0; j < chunks.size(); j++) {
+    const EngineChunk& chunk = chunks[j];
     for (const GroupUse& g : chunk.groups) {
-      groups++;
+      groups += g.count;
+      const double n = g.count;
       // Buckets (zero/shard_layout.h): the embedding in whole rows of
       // n_embd and chunks of at most 2 MiB (kEmbeddingChunkBytes), every
       // other group in bucket_mb chunks, each chunk n equal slices; stage 0's
@@ -287,14 +303,15 @@ void engine_memory(const std::vector<EngineChunk>& chunks, int ranks, int64_t C,
       const double chunk_bytes = g.embedding ? std::min(bucket, parallel::kEmbeddingChunkBytes) : bucket;
       const parallel::GroupShard lay = parallel::cut_group(g.numel, ranks, 0, chunk_bytes, g.embedding ? C : 0);
       const parallel::GroupShard opt = z == 0 ? parallel::cut_group(g.numel, 1, 0, bucket) : lay;
+      cuts[j].push_back(lay);
       // A group is allocated padded to whole buckets: the larger of the two cuts.
       const int64_t cap = std::max(lay.capacity(), opt.capacity());
-      capacity += static_cast<double>(cap);
-      if (g.gemm_weights) gemm_capacity += static_cast<double>(cap);
-      shard += static_cast<double>(lay.shard_numel());
-      opt_shard += static_cast<double>(opt.shard_numel());
+      capacity += n * static_cast<double>(cap);
+      if (g.gemm_weights) gemm_capacity += n * static_cast<double>(cap);
+      shard += n * static_cast<double>(lay.shard_numel());
+      opt_shard += n * static_cast<double>(opt.shard_numel());
       largest_shard = std::max(largest_shard, static_cast<double>(lay.shard_numel()));
-      if (!g.embedding) pooled[cap]++;
+      if (!g.embedding) pooled[cap] += g.count;
       if (g.embedding && chunk.sharded_embedding) {
         // Its working pieces: two chunks (one in use, the next in flight), one
         // when the group is a single chunk.
@@ -307,43 +324,53 @@ void engine_memory(const std::vector<EngineChunk>& chunks, int ranks, int64_t C,
   }
   // Reduce-scatters (stages 1-3; stage 0 all-reduces), one per bucket, in
   // the backward's order: the chunks from the last stage, each from its
-  // head down to its first block.
+  // head down to its first block, the embedding first or last.
   if (z >= 1) {
-    for (auto c = chunks.rbegin(); c != chunks.rend(); ++c) {
-      std::vector<const GroupUse*> order;
-      for (const GroupUse& g : c->groups)
-        if (!g.embedding) order.insert(order.begin(), &g);
-      for (const GroupUse& g : c->groups)
-        if (g.embedding) order.insert(c->embedding_first ? order.begin() : order.end(), &g);
-      for (const GroupUse* g : order) {
-        const double chunk_bytes = g->embedding ? std::min(bucket, parallel::kEmbeddingChunkBytes) : bucket;
-        const parallel::GroupShard lay = parallel::cut_group(g->numel, ranks, 0, chunk_bytes, g->embedding ? C : 0);
-        ring.reduce_scatter(static_cast<double>(lay.slice) * 4, ranks);
-      }
+    for (size_t j = chunks.size(); j-- > 0;) {
+      const EngineChunk& c = chunks[j];
+      auto embedding = [&] {
+        for (size_t i = 0; i < c.groups.size(); i++)
+          if (c.groups[i].embedding) ring.reduce_scatter(static_cast<double>(cuts[j][i].slice) * 4, ranks);
+      };
+      if (c.embedding_first) embedding();
+      for (size_t i = c.groups.size(); i-- > 0;)
+        if (!c.groups[i].embedding) ring.reduce_scatter(static_cast<double>(cuts[j][i].slice) * 4, ranks);
+      if (!c.embedding_first) embedding();
     }
   }
   if (groups == 0) return;
-  const std::string of = " (" + engine + ", " + std::to_string(groups) + " groups, " + std::to_string(ranks) +
-                         (ranks == 1 ? " rank)" : " ranks)");
+  auto of = [&] {
+    return " (" + engine + ", " + std::to_string(groups) + " groups, " + std::to_string(ranks) +
+           (ranks == 1 ? " rank)" : " ranks)");
+  };
   // Parameters: whole at stages 0-2 (the f32 masters, ParamGroup::allocate),
   // this rank's shard at stage 3 (the optimizer's state store holds it).
   if (z < 3) {
-    acc.add(MemCategory::Params, 4 * capacity, fmt("master weights, f32: 4 B x %.0f", capacity) + of);
+    acc.add(MemCategory::Params, 4 * capacity,
+            [&] { return std::string(fmt("master weights, f32: 4 B x %.0f", capacity) + of()); });
     if (b16)
-      acc.add(MemCategory::Params, copy_bytes * capacity,
-              fmt("compute copies (f32 storage of 16-bit values on the CPU, 16-bit on a GPU): %.0f B x %.0f",
-                  copy_bytes, capacity) + of);
+      acc.add(MemCategory::Params, copy_bytes * capacity, [&] {
+        return std::string(
+            fmt("compute copies (f32 storage of 16-bit values on the CPU, 16-bit on a GPU): %.0f B x %.0f", copy_bytes,
+                capacity) +
+            of());
+      });
   } else {
-    if (!l.offload) acc.add(MemCategory::Params, 4 * shard, fmt("master weight shard, f32: 4 B x %.0f", shard) + of);
+    if (!l.offload)
+      acc.add(MemCategory::Params, 4 * shard,
+              [&] { return std::string(fmt("master weight shard, f32: 4 B x %.0f", shard) + of()); });
   }
   if (bf16_copies && z < 3)
-    acc.add(MemCategory::Workspace, 2 * gemm_capacity,
-            fmt("oneDNN bf16 copies of the GEMM weights: 2 B x %.0f", gemm_capacity) + of);
+    acc.add(MemCategory::Workspace, 2 * gemm_capacity, [&] {
+      return std::string(fmt("oneDNN bf16 copies of the GEMM weights: 2 B x %.0f", gemm_capacity) + of());
+    });
   // Gradients: whole at stages 0-1, this rank's slices at 2-3.
   if (z < 2)
-    acc.add(MemCategory::Grads, 4 * capacity, fmt("gradients, f32: 4 B x %.0f", capacity) + of);
+    acc.add(MemCategory::Grads, 4 * capacity,
+            [&] { return std::string(fmt("gradients, f32: 4 B x %.0f", capacity) + of()); });
   else
-    acc.add(MemCategory::Grads, 4 * shard, fmt("gradient shard, f32: 4 B x %.0f", shard) + of);
+    acc.add(MemCategory::Grads, 4 * shard,
+            [&] { return std::string(fmt("gradient shard, f32: 4 B x %.0f", shard) + of()); });
   // Borrowed group-sized buffers, allocated up front, per distinct size:
   // stage 3 gathers parameters into two (one in use, one prefetched; one
   // where a single group has that size), stages 2-3 write each backward's
@@ -355,35 +382,46 @@ void engine_memory(const std::vector<EngineChunk>& chunks, int ranks, int64_t C,
       grads_pool += 4.0 * static_cast<double>(cap);
     }
     if (z == 3) {
-      acc.add(MemCategory::Params, params_pool, "gathered groups (ZeRO-3 pool: 2 per size)" + of);
+      acc.add(MemCategory::Params, params_pool,
+              [&] { return std::string("gathered groups (ZeRO-3 pool: 2 per size)" + of()); });
       // bf16: the gathered group in use gets its oneDNN copy while it is
       // attached (freed when it is released, and the next one's made).
       if (bf16_copies && !pooled.empty()) {
         const double copy = 2.0 * static_cast<double>(pooled.rbegin()->first);
-        acc.add(MemCategory::Workspace, copy, "oneDNN bf16 copy of the gathered group in use" + of);
+        acc.add(MemCategory::Workspace, copy,
+                [&] { return std::string("oneDNN bf16 copy of the gathered group in use" + of()); });
         *transient = std::max(*transient, copy);
       }
     }
-    acc.add(MemCategory::Grads, grads_pool, "gradients being written (pool: 1 per size)" + of);
+    acc.add(MemCategory::Grads, grads_pool,
+            [&] { return std::string("gradients being written (pool: 1 per size)" + of()); });
   }
-  acc.add(MemCategory::Params, emb_param_pieces, "embedding pieces, gathered (sharded embedding)" + of);
-  acc.add(MemCategory::Grads, emb_grad_pieces, "embedding gradient pieces (sharded embedding)" + of);
+  acc.add(MemCategory::Params, emb_param_pieces,
+          [&] { return std::string("embedding pieces, gathered (sharded embedding)" + of()); });
+  acc.add(MemCategory::Grads, emb_grad_pieces,
+          [&] { return std::string("embedding gradient pieces (sharded embedding)" + of()); });
   // Adam's moments (optim/state_store.h): in memory, or streamed from disk
   // through 3 window buffers per array (zero/disk_store.cpp), the parameter
   // shard being a third array at stage 3.
   if (!l.offload) {
-    acc.add(MemCategory::Optimizer, 8 * opt_shard, fmt("Adam moments, f32: 8 B x %.0f", opt_shard) + of);
+    acc.add(MemCategory::Optimizer, 8 * opt_shard,
+            [&] { return std::string(fmt("Adam moments, f32: 8 B x %.0f", opt_shard) + of()); });
   } else {
     const int arrays = z == 3 ? 3 : 2;
     const int64_t align = 1024;  // 4096-byte O_DIRECT granularity, in floats
     const int64_t padded = (std::max<int64_t>(static_cast<int64_t>(opt_shard), 1) + align - 1) / align * align;
     int64_t window = static_cast<int64_t>(o.offload_window_mb * 1024 * 1024 / (3.0 * arrays * 4)) / align * align;
     window = std::min(std::max<int64_t>(align, window), padded);
-    acc.add(MemCategory::Optimizer, 3.0 * arrays * 4 * static_cast<double>(window),
-            fmt("offload windows: 3 x %.0f arrays x %.0f floats", arrays, static_cast<double>(window)) + of);
+    acc.add(MemCategory::Optimizer, 3.0 * arrays * 4 * static_cast<double>(window), [&] {
+      return std::string(fmt("offload windows: 3 x %.0f arrays x %.0f floats", arrays, static_cast<double>(window)) +
+                         of());
+    });
     if (z == 3) {
-      acc.add(MemCategory::Params, 4 * largest_shard, "offload staging of a shard read from disk" + of);
-      if (emb_shard > 0) acc.add(MemCategory::Params, 4 * emb_shard, "offload staging of the embedding's shard" + of);
+      acc.add(MemCategory::Params, 4 * largest_shard,
+              [&] { return std::string("offload staging of a shard read from disk" + of()); });
+      if (emb_shard > 0)
+        acc.add(MemCategory::Params, 4 * emb_shard,
+                [&] { return std::string("offload staging of the embedding's shard" + of()); });
     }
   }
 }
@@ -442,11 +480,15 @@ PipelineShape pipeline_shape(const model::ModelConfig& model, const Layout& layo
   p.cut = pipeline::refine_partition(
       costs, pipeline::balanced_partition(costs, p.schedule.stages, p.schedule.rank_of_stage), p.schedule);
   p.slots = activation_slots(p.schedule);
+  p.unit_bubble = pipeline::simulate(p.schedule).bubble;
   return p;
 }
 
 const PipelineShape& PipelineShapes::get(const Layout& layout) {
-  const auto key = std::make_tuple(layout.schedule, layout.pp, layout.virtual_stages, layout.micro_batches);
+  int id = 0;
+  while (id < static_cast<int>(names_.size()) && names_[static_cast<size_t>(id)] != layout.schedule) id++;
+  if (id == static_cast<int>(names_.size())) names_.push_back(layout.schedule);
+  const auto key = std::make_tuple(id, layout.pp, layout.virtual_stages, layout.micro_batches);
   auto it = cache_.find(key);
   if (it == cache_.end())
     it = cache_.emplace(key, std::make_unique<PipelineShape>(pipeline_shape(model_, layout))).first;
@@ -484,9 +526,12 @@ GroupNumels group_numels(const model::ModelConfig& m, int tp, int ep) {
 double korthikanti_layer_bytes(double s, double b, double h, double a, int t, bool sp, Recompute r) {
   const double sbh = s * b * h;
   switch (r) {
-    case Recompute::Full: return 2 * sbh;
-    case Recompute::Selective: return sp ? 34 * sbh / t : sbh * (10 + 24.0 / t);
-    case Recompute::None: break;
+    case Recompute::Full:
+      return 2 * sbh;
+    case Recompute::Selective:
+      return sp ? 34 * sbh / t : sbh * (10 + 24.0 / t);
+    case Recompute::None:
+      break;
   }
   if (sp) return sbh * (34.0 / t + 5 * a * s / (h * t));
   return sbh * (10 + 24.0 / t + 5 * a * s / (h * t));
@@ -524,7 +569,7 @@ MemoryPlan predict_memory(const Workload& w, const Layout& l, const MemoryOption
   const PipelineShape& shape = shapes->get(l);
   const Dims d = dims_of(m, l.tp);
   const GroupNumels numels = group_numels(m, l.tp, l.ep);
-  const int dense_ranks = l.dp * l.cp;  // the dense engine averages (and shards) over dp × cp
+  const int dense_ranks = l.dp * l.cp;                 // the dense engine averages (and shards) over dp × cp
   const int expert_ranks = l.dp * l.cp / l.ep * l.tp;  // the experts': the ranks holding the same experts
   const bool cpu = o.backend == Backend::Cpu;
   const bool b16 = l.compute != DType::F32;
@@ -558,18 +603,26 @@ MemoryPlan predict_memory(const Workload& w, const Layout& l, const MemoryOption
       const ChunkInfo& c = chunks[j];
       EngineChunk e, x;
       const bool has_embedding = c.first || (c.last && m.tie_embeddings);
+      // Consecutive groups of one size are one entry.
+      auto add = [](EngineChunk& to, const GroupUse& g) {
+        if (!to.groups.empty() && !g.embedding && !to.groups.back().embedding && to.groups.back().numel == g.numel &&
+            to.groups.back().gemm_weights == g.gemm_weights)
+          to.groups.back().count++;
+        else
+          to.groups.push_back(g);
+      };
       if (has_embedding) {
-        e.groups.push_back({numels.embedding, true, c.last && m.tie_embeddings, "embedding"});
+        e.groups.push_back({numels.embedding, true, c.last && m.tie_embeddings});
         e.sharded_embedding = l.zero_stage >= 2 || (c.first && c.last && m.tie_embeddings && dense_ranks > 1);
         e.embedding_first = c.last && m.tie_embeddings && (l.zero_stage >= 2 || c.first);
         sharded[j] = e.sharded_embedding;
       }
       for (int i = c.layers.first; i < c.layers.last; i++) {
         const bool moe = m.is_moe_layer(i);
-        e.groups.push_back({moe ? numels.moe_block : numels.block, false, true, "block"});
-        if (moe) x.groups.push_back({numels.experts, false, true, "experts"});
+        add(e, {moe ? numels.moe_block : numels.block, false, true});
+        if (moe) add(x, {numels.experts, false, true});
       }
-      if (c.last) e.groups.push_back({numels.final, false, !m.tie_embeddings, "final"});
+      if (c.last) add(e, {numels.final, false, !m.tie_embeddings});
       dense.push_back(e);
       experts.push_back(x);
     }
@@ -592,19 +645,24 @@ MemoryPlan predict_memory(const Workload& w, const Layout& l, const MemoryOption
       const int64_t act = slot_activation_bytes(z);
       const int64_t tokens = a64((b16 ? 3 : 2) * N * 4);  // input ids, their embedding rows (16-bit: targets)
       const int64_t grads = slot_grad_bytes(z, split);
-      const std::string chunk = " (stage " + std::to_string(c.stage) + ", layers " + std::to_string(c.layers.first) +
-                                ".." + std::to_string(c.layers.last - 1) + ")";
-      acc.add(MemCategory::Activations, static_cast<double>(slots) * act,
-              fmt("stored activations: %.0f slots x %.0f B", slots, static_cast<double>(act)) + chunk);
-      acc.add(MemCategory::Activations, static_cast<double>(slots) * tokens,
-              fmt("token ids: %.0f slots x %.0f B", slots, static_cast<double>(tokens)) + chunk);
-      acc.add(MemCategory::Activations, static_cast<double>(slots) * grads,
-              std::string(split ? "backward's gradient buffers, every layer's (split I/W)"
-                                : "backward's gradient buffers, one layer's") +
-                  fmt(": %.0f slots x %.0f B", slots, static_cast<double>(grads)) + chunk);
+      auto chunk = [&] {
+        return " (stage " + std::to_string(c.stage) + ", layers " + std::to_string(c.layers.first) + ".." +
+               std::to_string(c.layers.last - 1) + ")";
+      };
+      acc.add(MemCategory::Activations, static_cast<double>(slots) * act, [&] {
+        return std::string(fmt("stored activations: %.0f slots x %.0f B", slots, static_cast<double>(act)) + chunk());
+      });
+      acc.add(MemCategory::Activations, static_cast<double>(slots) * tokens, [&] {
+        return std::string(fmt("token ids: %.0f slots x %.0f B", slots, static_cast<double>(tokens)) + chunk());
+      });
+      acc.add(MemCategory::Activations, static_cast<double>(slots) * grads, [&] {
+        return std::string(std::string(split ? "backward's gradient buffers, every layer's (split I/W)"
+                                             : "backward's gradient buffers, one layer's") +
+                           fmt(": %.0f slots x %.0f B", slots, static_cast<double>(grads)) + chunk());
+      });
       const int64_t head_rows = local_head ? std::min<int64_t>(N, model::GPT::kHeadRows) : N;
       acc.add(MemCategory::Activations, static_cast<double>(work_bytes(z, head_rows)),
-              "one layer's f32 work arrays" + chunk);
+              [&] { return std::string("one layer's f32 work arrays" + chunk()); });
       if (c.moe_layers > 0) {
         // parts/moe.cpp: per MoE layer and slot the router's and the experts'
         // rows, sized for the most rows expert parallelism can deliver
@@ -622,18 +680,21 @@ MemoryPlan predict_memory(const Workload& w, const Layout& l, const MemoryOption
         const int64_t work = a64(4 * sent * C) + a64(4 * recv * C) + a64(4 * std::max(recv, sent) * C) +
                              a64(4 * std::max(recv * F, N * Fs)) + a64(4 * N * C) + a64(4 * sent) +
                              a64(4 * std::max(Rm * E, E * C));
-        acc.add(MemCategory::Activations, static_cast<double>(slots) * c.moe_layers * per_layer,
-                fmt("MoE layers' routing and expert rows: %.0f slots x %.0f layers x %.0f B", slots, c.moe_layers,
-                    static_cast<double>(per_layer)) + chunk);
-        acc.add(MemCategory::Activations, static_cast<double>(work), "MoE work arrays" + chunk);
+        acc.add(MemCategory::Activations, static_cast<double>(slots) * c.moe_layers * per_layer, [&] {
+          return std::string(fmt("MoE layers' routing and expert rows: %.0f slots x %.0f layers x %.0f B", slots,
+                                 c.moe_layers, static_cast<double>(per_layer)) +
+                             chunk());
+        });
+        acc.add(MemCategory::Activations, static_cast<double>(work),
+                [&] { return std::string("MoE work arrays" + chunk()); });
       }
       // The sharded embedding's exchanges on the first stage: every rank's
       // token ids and looked-up rows (zero/sharded_embedding.cpp).
       if (sharded[j] && c.first) {
         acc.add(MemCategory::Comm, static_cast<double>(a64(4 * dense_ranks * N)),
-                "sharded embedding: every rank's token ids" + chunk);
+                [&] { return std::string("sharded embedding: every rank's token ids" + chunk()); });
         acc.add(MemCategory::Comm, static_cast<double>(a64(4 * dense_ranks * N * d.C)),
-                "sharded embedding: every rank's rows of a micro-batch" + chunk);
+                [&] { return std::string("sharded embedding: every rank's rows of a micro-batch" + chunk()); });
         if (l.zero_stage == 3) dense_ring.reduce_scatter(4.0 * static_cast<double>(N * d.C), dense_ranks);
       }
     }
@@ -643,7 +704,8 @@ MemoryPlan predict_memory(const Workload& w, const Layout& l, const MemoryOption
       for (const auto& [ring, name] : {std::pair<RingScratch*, const char*>{&dense_ring, "data-parallel group"},
                                        {&expert_ring, "expert-replica group"},
                                        {&tp_ring, "tensor-parallel group"}}) {
-        acc.add(MemCategory::Comm, ring->pair, std::string("ring reduce-scatter scratch, ") + name);
+        acc.add(MemCategory::Comm, ring->pair,
+                [&] { return std::string(std::string("ring reduce-scatter scratch, ") + name); });
         transient = std::max(transient, ring->replaced);
       }
     }
@@ -654,16 +716,16 @@ MemoryPlan predict_memory(const Workload& w, const Layout& l, const MemoryOption
       const int64_t KV = d.NKV * d.hs;
       if (l.cp_mode == "ring") {
         acc.add(MemCategory::Comm, 4.0 * static_cast<double>(a64(4 * N * 2 * KV)),
-                "context parallelism: 4 key/value blocks (ring)");
+                [&] { return std::string("context parallelism: 4 key/value blocks (ring)"); });
         if (cpu)
           acc.add(MemCategory::Workspace, 4.0 * static_cast<double>(a64(4 * l.micro_batch_size * d.NH * (T / 2))),
-                  "context parallelism: half-sequence statistics");
+                  [&] { return std::string("context parallelism: half-sequence statistics"); });
       } else {
         acc.add(MemCategory::Comm, 2.0 * static_cast<double>(a64(4 * N * d.QKV)),
-                "context parallelism: all-to-all send and receive buffers");
+                [&] { return std::string("context parallelism: all-to-all send and receive buffers"); });
         if (cpu)
           acc.add(MemCategory::Workspace, static_cast<double>(a64(4 * N * d.A) + a64(4 * N * d.QKV)),
-                  "context parallelism: head-sharded gradients");
+                  [&] { return std::string("context parallelism: head-sharded gradients"); });
       }
     }
     if (cpu) {
@@ -676,13 +738,14 @@ MemoryPlan predict_memory(const Workload& w, const Layout& l, const MemoryOption
       const int64_t NH_att = l.cp > 1 && l.cp_mode != "ring" ? d.NH / l.cp : d.NH;
       const int64_t merge = l.cp > 1 && l.cp_mode == "ring" ? q * (d.hs + 1) : 0;
       const int64_t fwd = a64(4 * (q * Tk + q + merge) * o.threads), bwd = a64(4 * 2 * q * Tk * o.threads);
-      acc.add(MemCategory::Workspace, static_cast<double>(std::max(fwd, bwd)),
-              fmt("attention tiles: %.0f threads x 64 x %.0f keys", o.threads, static_cast<double>(Tk)));
+      acc.add(MemCategory::Workspace, static_cast<double>(std::max(fwd, bwd)), [&] {
+        return std::string(fmt("attention tiles: %.0f threads x 64 x %.0f keys", o.threads, static_cast<double>(Tk)));
+      });
       if (bwd > fwd) transient = std::max(transient, static_cast<double>(fwd));
       if (!(l.cp > 1 && l.cp_mode == "ring"))
         acc.add(MemCategory::Workspace, static_cast<double>(a64(4 * l.micro_batch_size * NH_att * Tk)),
-                "attention backward's D");
-      acc.add(MemCategory::Workspace, 64, "reductions' partial sums");
+                [&] { return std::string("attention backward's D"); });
+      acc.add(MemCategory::Workspace, 64, [&] { return std::string("reductions' partial sums"); });
       if (l.compute == DType::BF16) {
         // The bf16 GEMMs' operands that are not weights, converted per call
         // into the thread's two operand buffers (kernels/cpu/gemm.cpp,
@@ -701,13 +764,15 @@ MemoryPlan predict_memory(const Workload& w, const Layout& l, const MemoryOption
         const int64_t widest = std::max({d.C, d.A, d.F, d.QKV, d.FU});
         const double a = e * static_cast<double>(std::max(N * widest, dlogits));
         const double b = e * static_cast<double>(N * std::max({d.C, d.A, d.F}));
-        acc.add(MemCategory::Workspace, static_cast<double>(a64(static_cast<int64_t>(a)) + a64(static_cast<int64_t>(b))),
-                "bf16 GEMM operands (A and B) that are not weights");
+        acc.add(MemCategory::Workspace,
+                static_cast<double>(a64(static_cast<int64_t>(a)) + a64(static_cast<int64_t>(b))),
+                [&] { return std::string("bf16 GEMM operands (A and B) that are not weights"); });
       }
       if (m.position == model::PositionKind::Rope) {
         // One table per model part, and the trainer's whole-model declaration.
         const double table = static_cast<double>(a64(4 * d.hs / 2) + a64(4 * int64_t{m.seq_len} * d.hs));
-        acc.add(MemCategory::Workspace, static_cast<double>(chunks.size() + 1) * table, "rotary tables");
+        acc.add(MemCategory::Workspace, static_cast<double>(chunks.size() + 1) * table,
+                [&] { return std::string("rotary tables"); });
       }
     }
     rank.by_category = acc.bytes;

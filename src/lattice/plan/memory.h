@@ -60,17 +60,17 @@ enum class Backend { Cpu, Gpu };
 
 struct MemoryOptions {
   Backend backend = Backend::Cpu;
-  int threads = 1;                // CPU threads per rank (the attention kernel keeps tiles per thread)
+  int threads = 1;                 // CPU threads per rank (the attention kernel keeps tiles per thread)
   bool bf16_weight_copies = true;  // CPU at bf16: oneDNN's bf16 matmul is the path (it keeps bf16 weight copies)
-  double offload_window_mb = 64;  // zero.offload_window_mb
-  double fragmentation = 0;       // share of the tracked bytes the allocator loses (caching allocators: ~5-10%)
-  double runtime_bytes = 0;       // per device, outside every allocation (a CUDA context, NCCL's buffers)
+  double offload_window_mb = 64;   // zero.offload_window_mb
+  double fragmentation = 0;        // share of the tracked bytes the allocator loses (caching allocators: ~5-10%)
+  double runtime_bytes = 0;        // per device, outside every allocation (a CUDA context, NCCL's buffers)
 };
 
 // One named term of a rank's memory, in the MemoryTracker category that counts it.
 struct MemoryTerm {
   MemCategory category = MemCategory::Workspace;
-  std::string what;     // "master weights (f32): 4 B x 1.2M, 5 groups"
+  std::string what;  // "master weights (f32): 4 B x 1.2M, 5 groups"
   double bytes = 0;
 };
 
@@ -78,14 +78,14 @@ struct MemoryTerm {
 // interleaving).
 struct RankMemory {
   int pp_rank = 0;
-  std::vector<int> stages;                     // the pipeline stages (chunks) it runs
-  std::vector<pipeline::ChunkLayers> layers;   // their layers
-  std::vector<int> in_flight;                  // micro-batches each chunk holds at most (its activation slots)
+  std::vector<int> stages;                    // the pipeline stages (chunks) it runs
+  std::vector<pipeline::ChunkLayers> layers;  // their layers
+  std::vector<int> in_flight;                 // micro-batches each chunk holds at most (its activation slots)
   std::array<double, static_cast<size_t>(MemCategory::kCount)> by_category{};  // steady, tracked
   double transient = 0;    // tracked too: a growing buffer's old copy, alive at the peak (ring scratch)
   double rank0_extra = 0;  // world rank 0 only (CPU: the buffers of the bf16 GEMM path's start-up timing)
-  double fragmentation = 0, runtime = 0;       // untracked
-  std::vector<MemoryTerm> terms;               // filled with `detail`
+  double fragmentation = 0, runtime = 0;  // untracked
+  std::vector<MemoryTerm> terms;          // filled with `detail`
   double category(MemCategory c) const { return by_category[static_cast<size_t>(c)]; }
   // Model state: params + grads + optimizer.
   double model_state() const;
@@ -112,6 +112,7 @@ struct PipelineShape {
   pipeline::Schedule schedule;
   std::vector<pipeline::ChunkLayers> cut;
   std::vector<int> slots;  // per stage
+  double unit_bubble = 0;  // the simulator's bubble at unit costs (F = I = W = 1)
 };
 PipelineShape pipeline_shape(const model::ModelConfig& model, const Layout& layout);
 // The same, remembered per (schedule, pp, virtual stages, micro-batches) for
@@ -123,7 +124,9 @@ class PipelineShapes {
 
  private:
   model::ModelConfig model_;
-  std::map<std::tuple<std::string, int, int, int>, std::unique_ptr<PipelineShape>> cache_;
+  // By (schedule, pp, virtual stages, micro-batches), the schedule by its place in names_.
+  std::map<std::tuple<int, int, int, int>, std::unique_ptr<PipelineShape>> cache_;
+  std::vector<std::string> names_;
 };
 
 // The activation slots a stage's executor needs: the most micro-batches
