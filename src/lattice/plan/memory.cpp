@@ -523,6 +523,15 @@ GroupNumels group_numels(const model::ModelConfig& m, int tp, int ep) {
   return n;
 }
 
+double zero_paper_bytes(double psi, double K, int Nd, int stage) {
+  switch (stage) {
+    case 0: return (2 + 2 + K) * psi;
+    case 1: return 2 * psi + 2 * psi + K * psi / Nd;
+    case 2: return 2 * psi + (2 + K) * psi / Nd;
+    default: return (2 + 2 + K) * psi / Nd;
+  }
+}
+
 double korthikanti_layer_bytes(double s, double b, double h, double a, int t, bool sp, Recompute r) {
   const double sbh = s * b * h;
   switch (r) {
@@ -558,7 +567,8 @@ static Carve carve_of(const model::ModelConfig& m, const Layout& l, const Dims& 
 double lattice_layer_bytes(const model::ModelConfig& m, const Layout& l) {
   const Dims d = dims_of(m, l.tp);
   const ChunkInfo c{0, {0, 1}, false, false, 0};
-  return static_cast<double>(layer_bytes(carve_of(m, l, d, c, false), false));
+  const Carve z = carve_of(m, l, d, c, false);
+  return static_cast<double>(layer_bytes(z, false) + a64(z.e * z.R * z.C));  // its arrays and its input x_l
 }
 
 MemoryPlan predict_memory(const Workload& w, const Layout& l, const MemoryOptions& o, PipelineShapes* shapes,

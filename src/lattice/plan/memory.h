@@ -151,6 +151,13 @@ struct GroupNumels {
 };
 GroupNumels group_numels(const model::ModelConfig& model, int tp, int ep);
 
+// Model-state bytes per device in the ZeRO paper's accounting (Rajbhandari
+// et al. 2020, §5 and Table 1): 2Ψ of 16-bit weights, 2Ψ of 16-bit
+// gradients and KΨ of optimizer state (K = 12 for mixed-precision Adam),
+// over N_d data-parallel ranks at stage 0 (baseline), 1 (P_os), 2 (P_os+g)
+// or 3 (P_os+g+p). For comparison with lattice's own.
+double zero_paper_bytes(double psi, double K, int Nd, int stage);
+
 // Bytes of activations per layer per micro-batch in Korthikanti et al. 2022
 // (16-bit values, §4, Table 2): none sbh(34 + 5as/h) (TP: sbh(10 + 24/t +
 // 5as/(ht)); TP+SP: sbh(34/t + 5as/(ht))), selective 34sbh (/t with SP; TP
@@ -158,8 +165,9 @@ GroupNumels group_numels(const model::ModelConfig& model, int tp, int ep);
 double korthikanti_layer_bytes(double s, double b, double h, double a, int t, bool sp, model::Recompute r);
 
 // lattice's bytes per layer per micro-batch stored for the backward (the
-// slot's share of one layer: docs/recompute.md's table), for N tokens of
-// this rank, R rows of the residual stream, this rank's widths.
+// slot's share of one layer, its input x_l included: docs/recompute.md's
+// table), for the layout's N tokens of this rank, R rows of the residual
+// stream, this rank's widths (a dense layer).
 double lattice_layer_bytes(const model::ModelConfig& model, const Layout& layout);
 
 }  // namespace lattice::plan
