@@ -146,27 +146,54 @@ void print_memory(const plan::MemoryPlan& p, double capacity, bool terms) {
   std::printf("\nmemory per pipeline rank (GB = 10^9 B; every tp x dp x cp replica of a stage alike)\n");
   std::printf("%-5s %-9s %-10s %-6s %7s %7s %7s %7s %7s %9s %7s   of %s\n", "rank", "stages", "layers", "held",
               "params", "grads", "optim", "activ", "comm+ws", "frag+rt", "total", gb(capacity).c_str());
-  for (const plan::RankMemory& r : p.ranks) {
-    std::string stages, layers, held;
-    for (size_t i = 0; i < r.stages.size(); i++) {
-      const std::string comma = i ? "," : "";
-      stages += comma + std::to_string(r.stages[i]);
-      layers += comma + std::to_string(r.layers[i].first) + ".." + std::to_string(r.layers[i].last - 1);
-      held += comma + std::to_string(r.in_flight[i]);
-    }
+  // One row per pipeline rank; without the terms, a run of ranks that print
+  // alike (one chunk each, the same figures) is one row "first..last".
+  auto figures = [&](const plan::RankMemory& r) {
     const double other = r.category(MemCategory::Comm) + r.category(MemCategory::Workspace) + r.transient +
                          (r.pp_rank == 0 ? r.rank0_extra : 0);
-    std::printf("%-5d %-9s %-10s %-6s %7s %7s %7s %7s %7s %9s %7s%s\n", r.pp_rank, stages.c_str(), layers.c_str(),
-                held.c_str(), gb(r.category(MemCategory::Params)).c_str(), gb(r.category(MemCategory::Grads)).c_str(),
-                gb(r.category(MemCategory::Optimizer)).c_str(), gb(r.category(MemCategory::Activations)).c_str(),
-                gb(other).c_str(), gb(r.fragmentation + r.runtime).c_str(), gb(r.total()).c_str(),
-                r.total() > capacity ? "  does not fit" : "");
-    if (!terms) continue;
-    for (const plan::MemoryTerm& t : r.terms)
-      std::printf("        %-11s %10s GB  %s\n", mem_category_name(t.category), gb(t.bytes).c_str(), t.what.c_str());
-    if (r.transient > 0)
-      std::printf("        %-11s %10s GB  a growing buffer's old copy at the peak\n", "transient",
-                  gb(r.transient).c_str());
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%7s %7s %7s %7s %7s %9s %7s%s", gb(r.category(MemCategory::Params)).c_str(),
+                  gb(r.category(MemCategory::Grads)).c_str(), gb(r.category(MemCategory::Optimizer)).c_str(),
+                  gb(r.category(MemCategory::Activations)).c_str(), gb(other).c_str(),
+                  gb(r.fragmentation + r.runtime).c_str(), gb(r.total()).c_str(),
+                  r.total() > capacity ? "  does not fit" : "");
+    std::string held;
+    for (size_t i = 0; i < r.in_flight.size(); i++) {
+      if (i) held += ',';
+      held += std::to_string(r.in_flight[i]);
+    }
+    return held + "|" + buf;
+  };
+  for (size_t k = 0; k < p.ranks.size();) {
+    const plan::RankMemory& r = p.ranks[k];
+    size_t last = k;
+    while (!terms && r.stages.size() == 1 && last + 1 < p.ranks.size() && p.ranks[last + 1].stages.size() == 1 &&
+           figures(p.ranks[last + 1]) == figures(r))
+      last++;
+    std::string ranks = std::to_string(r.pp_rank), stages, layers;
+    if (last > k) {
+      ranks += ".." + std::to_string(p.ranks[last].pp_rank);
+      stages = std::to_string(r.stages[0]) + ".." + std::to_string(p.ranks[last].stages[0]);
+      layers = std::to_string(r.layers[0].first) + ".." + std::to_string(p.ranks[last].layers[0].last - 1);
+    } else {
+      for (size_t i = 0; i < r.stages.size(); i++) {
+        const std::string comma = i ? "," : "";
+        stages += comma + std::to_string(r.stages[i]);
+        layers += comma + std::to_string(r.layers[i].first) + ".." + std::to_string(r.layers[i].last - 1);
+      }
+    }
+    const std::string f = figures(r);
+    const size_t bar = f.find('|');
+    std::printf("%-5s %-9s %-10s %-6s %s\n", ranks.c_str(), stages.c_str(), layers.c_str(), f.substr(0, bar).c_str(),
+                f.substr(bar + 1).c_str());
+    if (terms) {
+      for (const plan::MemoryTerm& t : r.terms)
+        std::printf("        %-11s %10s GB  %s\n", mem_category_name(t.category), gb(t.bytes).c_str(), t.what.c_str());
+      if (r.transient > 0)
+        std::printf("        %-11s %10s GB  a growing buffer's old copy at the peak\n", "transient",
+                    gb(r.transient).c_str());
+    }
+    k = last + 1;
   }
 }
 

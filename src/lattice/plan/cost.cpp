@@ -248,6 +248,7 @@ StepTime predict_time(const Workload& w, const Layout& l, const Cluster& cl, Pip
     out.compute = std::max(out.compute, rank_compute[static_cast<size_t>(r)]);
   }
   if (simulate) {
+    LATTICE_CHECK(shape.exact, "internal: the simulator runs an exact pipeline shape only");
     pipeline::Costs costs;
     costs.by_stage = by_stage;
     costs.transfer = transfer;

@@ -484,6 +484,36 @@ PipelineShape pipeline_shape(const model::ModelConfig& model, const Layout& layo
   return p;
 }
 
+PipelineShape pipeline_shape_estimate(const model::ModelConfig& model, const Layout& layout) {
+  const int p = layout.pp, v = layout.virtual_stages, m = layout.micro_batches;
+  // Past 4·p·v micro-batches no schedule holds more of them in flight
+  // (GPipe excepted: all m), so a schedule of that many (with m's remainder
+  // modulo p, which the interleaved generator checks) has the same slots.
+  const int cap = 4 * p * v;
+  const bool capped = m > cap + p;
+  const int generated = capped ? cap + m % p : m;
+  PipelineShape s;
+  s.exact = false;
+  s.schedule = pipeline::make_schedule(layout.schedule, p, v, generated);
+  s.cut = pipeline::balanced_partition(pipeline::layer_costs(model, model.seq_len), s.schedule.stages,
+                                       s.schedule.rank_of_stage);
+  s.slots = activation_slots(s.schedule);
+  if (layout.schedule == "gpipe") std::fill(s.slots.begin(), s.slots.end(), m);
+  if (!capped) {
+    s.unit_bubble = pipeline::simulate(s.schedule).bubble;
+  } else {
+    // The generators' bubbles at unit costs (schedule.h): GPipe and 1F1B
+    // (p−1)/(m+p−1), interleaved (p−1)/(v·m+p−1), ZB-H1 (p−1)/(3m+p−1),
+    // ZB-V its bound (p−1)/(6m+p−1).
+    const double work = layout.schedule == "interleaved" ? static_cast<double>(v) * m
+                        : layout.schedule == "zb-h1"     ? 3.0 * m
+                        : layout.schedule == "zb-v"      ? 6.0 * m
+                                                         : static_cast<double>(m);
+    s.unit_bubble = (p - 1) / (work + p - 1);
+  }
+  return s;
+}
+
 const PipelineShape& PipelineShapes::get(const Layout& layout) {
   int id = 0;
   while (id < static_cast<int>(names_.size()) && names_[static_cast<size_t>(id)] != layout.schedule) id++;
@@ -491,7 +521,10 @@ const PipelineShape& PipelineShapes::get(const Layout& layout) {
   const auto key = std::make_tuple(id, layout.pp, layout.virtual_stages, layout.micro_batches);
   auto it = cache_.find(key);
   if (it == cache_.end())
-    it = cache_.emplace(key, std::make_unique<PipelineShape>(pipeline_shape(model_, layout))).first;
+    it = cache_
+             .emplace(key, std::make_unique<PipelineShape>(exact_ ? pipeline_shape(model_, layout)
+                                                                  : pipeline_shape_estimate(model_, layout)))
+             .first;
   return *it->second;
 }
 
@@ -525,10 +558,14 @@ GroupNumels group_numels(const model::ModelConfig& m, int tp, int ep) {
 
 double zero_paper_bytes(double psi, double K, int Nd, int stage) {
   switch (stage) {
-    case 0: return (2 + 2 + K) * psi;
-    case 1: return 2 * psi + 2 * psi + K * psi / Nd;
-    case 2: return 2 * psi + (2 + K) * psi / Nd;
-    default: return (2 + 2 + K) * psi / Nd;
+    case 0:
+      return (2 + 2 + K) * psi;
+    case 1:
+      return 2 * psi + 2 * psi + K * psi / Nd;
+    case 2:
+      return 2 * psi + (2 + K) * psi / Nd;
+    default:
+      return (2 + 2 + K) * psi / Nd;
   }
 }
 

@@ -113,17 +113,28 @@ struct PipelineShape {
   std::vector<pipeline::ChunkLayers> cut;
   std::vector<int> slots;  // per stage
   double unit_bubble = 0;  // the simulator's bubble at unit costs (F = I = W = 1)
+  // False for the search's first pass (pipeline_shape_estimate): the cut is
+  // balanced but not refined, and past 4·p·v micro-batches the schedule is
+  // that many (the slots no longer grow) and the bubble the schedule's
+  // formula. Only an exact shape may be simulated.
+  bool exact = true;
 };
 PipelineShape pipeline_shape(const model::ModelConfig& model, const Layout& layout);
-// The same, remembered per (schedule, pp, virtual stages, micro-batches) for
-// one model: the search asks for the same pipelines many times.
+// The first pass's shape: what pipeline_shape gives, cheaply for large
+// pipelines. The same refusals (the schedule generator sees a micro-batch
+// count with the same remainder modulo p).
+PipelineShape pipeline_shape_estimate(const model::ModelConfig& model, const Layout& layout);
+// Shapes remembered per (schedule, pp, virtual stages, micro-batches) for
+// one model: the search asks for the same pipelines many times. `exact`
+// false: pipeline_shape_estimate's.
 class PipelineShapes {
  public:
-  explicit PipelineShapes(const model::ModelConfig& model) : model_(model) {}
+  explicit PipelineShapes(const model::ModelConfig& model, bool exact = true) : model_(model), exact_(exact) {}
   const PipelineShape& get(const Layout& layout);
 
  private:
   model::ModelConfig model_;
+  bool exact_;
   // By (schedule, pp, virtual stages, micro-batches), the schedule by its place in names_.
   std::map<std::tuple<int, int, int, int>, std::unique_ptr<PipelineShape>> cache_;
   std::vector<std::string> names_;

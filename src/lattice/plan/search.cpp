@@ -17,7 +17,12 @@ std::string invalid_reason(const Workload& w, const Layout& l, int devices, Pipe
     io::validate_config(c);
     io::check_landed(c);
     w.model.check_tensor_parallel(l.tp);
-    // The schedule generator's refusals, and the partition's (a chunk per layer at least).
+    // The partition's refusal (a layer per chunk at least) before the
+    // schedule is generated (ZB-V's list scheduling is not cheap), then the
+    // generator's.
+    if (l.pp * l.virtual_stages > w.model.n_layer)
+      pipeline::balanced_partition(std::vector<double>(static_cast<size_t>(w.model.n_layer) + 2, 1.0),
+                                   l.pp * l.virtual_stages);
     if (shapes) {
       shapes->get(l);
     } else {
@@ -79,7 +84,7 @@ SearchResult search(const Workload& w, const Cluster& cl, const SearchOptions& o
   const model::ModelConfig& m = w.model;
   const int devices = cl.devices();
   SearchResult result;
-  PipelineShapes shapes(m);
+  PipelineShapes shapes(m, false), exact(m);
   const MemoryOptions mem = memory_options(cl);
   // Validity by shape: everything but the ZeRO stage, offload, precision and
   // recomputation (whose values are each valid on their own).
@@ -197,19 +202,28 @@ SearchResult search(const Workload& w, const Cluster& cl, const SearchOptions& o
     }
   }
   result.fitting = static_cast<int64_t>(fitting.size());
-  // Second pass: the best estimates, simulated.
+  // Second pass: the best estimates again with the trainer's own cut and
+  // schedule — memory (a refined cut can move a layer: a layout that no
+  // longer fits leaves) and the simulated step.
   std::sort(fitting.begin(), fitting.end(),
             [](const Candidate& a, const Candidate& b) { return a.time.step < b.time.step; });
   const size_t n = std::min(fitting.size(), static_cast<size_t>(std::max(o.simulate, o.top)));
-  for (size_t i = 0; i < n; i++) fitting[i].time = predict_time(w, fitting[i].layout, cl, &shapes, true);
+  std::vector<Candidate> second;
+  for (size_t i = 0; i < n; i++) {
+    Candidate c = evaluate(w, fitting[i].layout, cl, &exact);
+    if (c.fits()) second.push_back(std::move(c));
+  }
   result.simulated = static_cast<int64_t>(n);
-  std::sort(fitting.begin(), fitting.begin() + static_cast<std::ptrdiff_t>(n),
-            [](const Candidate& a, const Candidate& b) { return a.time.step < b.time.step; });
-  fitting.resize(std::min(n, static_cast<size_t>(o.top)));
-  result.ranked = std::move(fitting);
-  if (closest.memory >= 0) result.closest = closest;
+  // Equal times (recomputation that costs nothing where the GEMMs dominate):
+  // the one that needs less memory first.
+  std::sort(second.begin(), second.end(), [](const Candidate& a, const Candidate& b) {
+    return a.time.step != b.time.step ? a.time.step < b.time.step : a.memory < b.memory;
+  });
+  if (second.size() > static_cast<size_t>(o.top)) second.resize(static_cast<size_t>(o.top));
+  result.ranked = std::move(second);
+  if (closest.memory >= 0) result.closest = evaluate(w, closest.layout, cl, &exact);
   for (Alternative& a : alternatives)
-    if (a.found) a.best.time = predict_time(w, a.best.layout, cl, &shapes, true);
+    if (a.found) a.best = evaluate(w, a.best.layout, cl, &exact);
   result.alternatives = std::move(alternatives);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;

@@ -57,7 +57,7 @@ struct Candidate {
 // ZeRO-3, no pipeline, no tensor parallelism, ...): the best layout of its
 // kind, or the one closest to fitting when none does.
 struct Alternative {
-  std::string name;    // "ZeRO-3 data parallelism over every device"
+  std::string name;     // "ZeRO-3 data parallelism over every device"
   bool found = false;   // some valid layout is of this kind
   Candidate best;       // fastest fitting; else smallest memory
   std::string refusal;  // none found: why lattice refuses the first layout of this kind
