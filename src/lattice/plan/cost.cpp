@@ -36,10 +36,9 @@ namespace {
 // The GEMM efficiency curve at smallest dimension d.
 double efficiency(const Cluster& c, double d) { return c.gemm_efficiency * d / (d + c.gemm_half_size); }
 
-// FLOPs and seconds of one pipeline chunk's micro-batch on one rank, by action.
+// Seconds of one pipeline chunk's micro-batch on one rank, by action.
 struct ActionCosts {
   double F = 0, I = 0, W = 0;     // seconds, compute and the exposed communication inside them
-  double flops = 0;               // compute FLOPs (time convention) of F + I + W
   double compute = 0;             // seconds of compute alone
   double tp = 0, cp = 0, ep = 0;  // seconds of exposed communication
 };
@@ -141,7 +140,6 @@ StepTime predict_time(const Workload& w, const Layout& l, const Cluster& cl, Pip
     if (full) input += seconds(gemm_f, att_f);
     const double weight = seconds(gemm_f + head_f, 0);
     a.compute = fwd + input + weight;
-    a.flops = 3 * (gemm_f + head_f) + 3.5 * att_f + (full ? gemm_f + att_f : 0);
     a.tp = layers * tp_pass * (2 + (full ? 1 : 0));  // forward, backward (and the forward again)
     a.cp = layers * (cp_forward * (1 + (full ? 1 : 0)) + cp_backward);
     a.ep = moe_layers * ep_pass * (2 + (full ? 1 : 0));

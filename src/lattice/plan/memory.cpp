@@ -25,6 +25,7 @@ constexpr size_t kCategories = static_cast<size_t>(MemCategory::kCount);
 // (core/memory.h, model/activations.h's Carver).
 int64_t a64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
+// A term's text: `format` with up to three numbers.
 std::string fmt(const char* format, double a = 0, double b = 0, double c = 0) {
   char buf[256];
   std::snprintf(buf, sizeof buf, format, a, b, c);
