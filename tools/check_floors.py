@@ -8,6 +8,7 @@ dependencies written in src/lattice/CMakeLists.txt):
 
     cli -> train -> parallel -> optim -> model -> layers -> {kernels, comm} -> core
     train -> data -> io -> core, and parallel -> io
+    cli -> plan -> parallel (the planner reads schedules and ZeRO's layout)
 
 The engines in parallel/ wrap the model; the layers in layers/ build it. Inside
 parallel/, the pipeline engine and the data-parallel engine (data/, zero/,
@@ -32,8 +33,9 @@ ALLOWED = {
     "data": {"io", "core"},
     "io": {"core"},
     "parallel": {"optim", "model", "layers", "kernels", "comm", "io", "core"},
-    "train": {"parallel", "optim", "data", "io", "model", "layers", "kernels", "comm", "core"},
-    "cli": {"train", "parallel", "optim", "data", "io", "model", "layers", "kernels", "comm", "core"},
+    "plan": {"parallel", "optim", "model", "layers", "kernels", "comm", "io", "core"},
+    "train": {"plan", "parallel", "optim", "data", "io", "model", "layers", "kernels", "comm", "core"},
+    "cli": {"train", "plan", "parallel", "optim", "data", "io", "model", "layers", "kernels", "comm", "core"},
 }
 # Inside parallel/: sub-folders that must not include each other.
 APART = [({"pipeline"}, {"data", "zero", "compress"})]

@@ -263,14 +263,9 @@ void MpiCommunicator::do_all_reduce(void* data, size_t count, DType dtype, Reduc
   check(MPI_Allreduce(MPI_IN_PLACE, data, n, wire_type(dtype), mpi_op(dtype, op), comm_), info);
 }
 
-// Open MPI 4.1's reduce_scatter_block runs a few times slower than its
-// all-reduce of the same size once the blocks pass a few hundred KiB (every
-// one of its algorithms: measured in docs/comm.md, "reduce_scatter"), so for
-// f32/f64 sums of blocks from 256 KiB on lattice runs the bandwidth-optimal
-// ring itself: n-1 steps, each a sendrecv of one block with the neighbours
-// and an add. The bytes sent are the ring's, as the counters say.
-static constexpr size_t kRingBlockBytes = 256 * 1024;
-
+// The ring of reduce-scatter (kRingReduceScatterBytes, mpi_communicator.h):
+// n-1 steps, each a sendrecv of one block with the neighbours and an add. The
+// bytes sent are the ring's, as the counters say.
 void MpiCommunicator::ring_reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
                                           const WaitInfo& info) {
   const int n = size(), r = rank();
@@ -314,7 +309,7 @@ void MpiCommunicator::do_reduce_scatter(const void* send, void* recv, size_t rec
   int n = to_int(recv_count, info);
   to_int(recv_count * size(), info);
   if (size() > 1 && op == ReduceOp::Sum && (dtype == DType::F32 || dtype == DType::F64) &&
-      recv_count * dtype_size(dtype) >= kRingBlockBytes)
+      recv_count * dtype_size(dtype) >= kRingReduceScatterBytes)
     return ring_reduce_scatter(send, recv, recv_count, dtype, info);
   WaitScope scope(info);
   check(MPI_Reduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, n, wire_type(dtype), mpi_op(dtype, op),

@@ -24,6 +24,14 @@
 
 namespace lattice::comm {
 
+// Open MPI 4.1's reduce_scatter_block runs a few times slower than its
+// all-reduce of the same size once the blocks pass a few hundred KiB (every
+// one of its algorithms: measured in docs/comm.md, "reduce_scatter"), so for
+// f32/f64 sums of blocks from this size on lattice runs the bandwidth-optimal
+// ring itself (two blocks of scratch, MemCategory::Comm; the planner counts
+// them, plan/memory.h).
+inline constexpr size_t kRingReduceScatterBytes = 256 * 1024;
+
 class MpiCommunicator final : public Communicator {
  public:
   // Takes ownership of `comm` (freed by the destructor). MPI must be

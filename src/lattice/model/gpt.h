@@ -335,6 +335,9 @@ class GPT {
   // Bytes of the one-layer f32 work arrays for a B×T micro-batch: the 16-bit
   // path's, or at f32 those of recomputation (0 at f32 without it).
   size_t work16_bytes(int B, int T) const;
+  // Rows of logits a local head (no tensor parallelism, the model's own
+  // embedding) computes at a time at 16-bit storage, in the work arrays (head.cpp).
+  static constexpr int64_t kHeadRows = 128;
   int64_t num_params() const { return config_.num_params(); }
   // Bytes of activation memory one micro-batch slot of B×T tokens takes.
   size_t slot_bytes(int B, int T) const;

@@ -103,11 +103,9 @@ HeadOps& GPT::head() {
 // embedding, whose head operations communicate on every call, all rows at
 // once, and dlogits are stored in 16 bits. Either way the backward reads the
 // same values: dlogits rounded to the compute dtype.
-constexpr int64_t kHeadRows = 128;
-
 bool GPT::local_head() const { return !tp_ && (!tied_head() || !custom_embedding_); }
 
-int64_t GPT::head_rows(int64_t N) const { return local_head() ? std::min(N, kHeadRows) : N; }
+int64_t GPT::head_rows(int64_t N) const { return local_head() ? std::min(N, GPT::kHeadRows) : N; }
 
 void GPT::loss(float* logits, float* losses, const int32_t* targets, int64_t N, bool backward, float dloss) {
   const int V = config_.vocab_size;

@@ -18,12 +18,6 @@ using Pass = model::GroupHooks::Pass;
 
 namespace {
 
-// The embedding's chunks are its working buffers at stages 2-3 (two of
-// parameters, two of gradient): small, so the working set stays a few
-// percent of the model (at GPT-2's vocabulary the table is a third of it),
-// and large enough for its GEMMs (2 MiB = 682 rows of 768) and messages.
-constexpr double kEmbeddingChunkBytes = 2.0 * (1 << 20);
-
 int array_of(DataParallel::State which) {
   return which == DataParallel::State::Params  ? StateStore::kP
          : which == DataParallel::State::AdamM ? StateStore::kM

@@ -112,6 +112,12 @@
 
 namespace lattice::parallel {
 
+// The embedding's chunks are its working buffers at stages 2-3 (two of
+// parameters, two of gradient): small, so the working set stays a few
+// percent of the model (at GPT-2's vocabulary the table is a third of it),
+// and large enough for its GEMMs (2 MiB = 682 rows of 768) and messages.
+inline constexpr double kEmbeddingChunkBytes = 2.0 * (1 << 20);
+
 struct DataParallelOptions {
   int zero_stage = 0;  // 0..3
   double bucket_bytes = 4.0 * (1 << 20);

@@ -42,6 +42,11 @@ struct GroupShard {
   int ranks = 1, rank = 0;
 };
 
+// How one group of `numel` elements is cut over `ranks` ranks, seen from
+// `rank`: what ShardLayout does for each of its groups (the planner,
+// plan/memory.h, calls it without building the groups).
+GroupShard cut_group(int64_t numel, int ranks, int rank, double bucket_bytes, int64_t row_elems = 0);
+
 class ShardLayout {
  public:
   // `bucket_bytes`: the largest chunk (one call), in bytes. `row_elems[g]`,
