@@ -320,30 +320,42 @@ TEST(CompressedTraining, PaddingNeverFeedsBack) {
 // training learns (its loss falls well below the start). This is the early
 // regime: over 300 steps under AdamW the error-feedback runs end worse
 // (docs/performance.md, "Gradient compression").
+// The small model the Moby-Dick tests train at dp=2 (L=2 C=64 H=4, T=32, the
+// GPT-2 vocabulary, micro-batches of 4, AdamW 3e-3 -> 3e-4), and the mean of
+// a run's last 10 losses (less noisy than one).
+io::RunConfig moby_run(const std::string& codec, int zero, int64_t steps, int64_t lr_warmup) {
+  io::RunConfig c = dp_run(codec, zero);
+  c.model.vocab_size = 50257;
+  c.model.n_layer = 2;
+  c.model.n_embd = 64;
+  c.model.n_head = 4;
+  c.model.seq_len = 32;
+  c.train.micro_batch_size = 4;
+  c.train.grad_accum_steps = 1;
+  c.train.steps = steps;
+  c.optim.lr = 3e-3;
+  c.optim.min_lr = 3e-4;
+  c.optim.warmup_steps = lr_warmup;
+  c.data.train = std::string(LATTICE_SOURCE_DIR) + "/data/moby/train_*.bin";
+  return c;
+}
+
+double last_ten(const mpitest::RunResult& r) {
+  double tail = 0;
+  for (size_t s = r.losses.size() - 10; s < r.losses.size(); s++) tail += r.losses[s] / 10;
+  return tail;
+}
+
 TEST(CompressedTraining, ErrorFeedbackMatters) {
   if (world().size() != 2) GTEST_SKIP() << "run at dp=2";
   const std::string data = std::string(LATTICE_SOURCE_DIR) + "/data/moby/train_000000.bin";
   ASSERT_TRUE(std::filesystem::exists(data)) << data << " is missing: scripts/setup.sh tokenizes the bundled Moby-Dick";
   auto run = [](const std::string& codec, bool feedback) {
-    io::RunConfig c = dp_run(codec, 1);
-    c.model.vocab_size = 50257;
-    c.model.n_layer = 2;
-    c.model.n_embd = 64;
-    c.model.n_head = 4;
-    c.model.seq_len = 32;
-    c.train.micro_batch_size = 4;
-    c.train.grad_accum_steps = 1;
-    c.train.steps = 60;
-    c.optim.lr = 3e-3;
-    c.optim.min_lr = 3e-4;
-    c.optim.warmup_steps = 5;
-    c.data.train = std::string(LATTICE_SOURCE_DIR) + "/data/moby/train_*.bin";
+    io::RunConfig c = moby_run(codec, 1, 60, 5);
     c.compression.error_feedback = feedback;
     if (codec == "none") c.compression.error_feedback = true;
     const mpitest::RunResult r = mpitest::train_run(c, world(), 60);
-    double tail = 0;  // the mean of the last 10 steps' losses: less noisy than one
-    for (size_t s = r.losses.size() - 10; s < r.losses.size(); s++) tail += r.losses[s] / 10;
-    return std::make_pair(r.losses.front(), tail);
+    return std::make_pair(r.losses.front(), last_ten(r));
   };
   const auto [first, plain] = run("none", true);
   EXPECT_LT(plain, first - 1.0) << "uncompressed training learns";
@@ -521,25 +533,10 @@ TEST(OneBitAdam, ReplicatedParametersStayIdenticalOverTheTensorParallelGroup) {
 TEST(OneBitAdam, OneBitOnTheMomentumEndsCloseToUncompressed) {
   if (world().size() != 2) GTEST_SKIP() << "run at dp=2";
   auto run = [](const std::string& codec, bool momentum) {
-    io::RunConfig c = dp_run(codec, 0);
-    c.model.vocab_size = 50257;
-    c.model.n_layer = 2;
-    c.model.n_embd = 64;
-    c.model.n_head = 4;
-    c.model.seq_len = 32;
-    c.train.micro_batch_size = 4;
-    c.train.grad_accum_steps = 1;
-    c.train.steps = 120;
-    c.optim.lr = 3e-3;
-    c.optim.min_lr = 3e-4;
-    c.optim.warmup_steps = 10;
-    c.data.train = std::string(LATTICE_SOURCE_DIR) + "/data/moby/train_*.bin";
+    io::RunConfig c = moby_run(codec, 0, 120, 10);
     if (codec != "none") c.compression.warmup_steps = 20;  // both ways alike
     c.compression.momentum = momentum;
-    const mpitest::RunResult r = mpitest::train_run(c, world(), 120);
-    double tail = 0;
-    for (size_t s = r.losses.size() - 10; s < r.losses.size(); s++) tail += r.losses[s] / 10;
-    return tail;
+    return last_ten(mpitest::train_run(c, world(), 120));
   };
   const double plain = run("none", false);
   for (const char* codec : {"onebit", "topk"}) {
