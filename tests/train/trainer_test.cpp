@@ -408,7 +408,8 @@ TEST(Trainer, RefusesMeshMismatchAndUnimplementedFeatures) {
             "compression.topk_ratio applies to compression.grad=\"topk\" (it is \"none\")");
   c = tiny_run();
   c.compression.warmup_steps = 5;
-  EXPECT_NE(error_of([&] { train::Trainer t(c, {false}); }).find("apply to a compression.grad codec"),
+  EXPECT_NE(error_of([&] { train::Trainer t(c, {false}); })
+                .find("compression.warmup_steps applies to a compression.grad codec"),
             std::string::npos);
 }
 
