@@ -385,7 +385,8 @@ io::RunConfig onebit_adam_run(const std::string& codec, int zero, int dp) {
 // The mean of the ranks' momenta is Adam's averaged momentum: with an exact
 // reduction (codec none) 1-bit Adam trains the model of one process at every
 // data-parallel degree and ZeRO stage 0-1 — losses and parameters to the
-// equivalence tolerance — and over pipelines (the tied embedding's copies).
+// equivalence tolerance — and over pipelines (the tied embedding's copies on
+// two ranks, and on one under ZB-V).
 // One process runs the same frozen-variance Adam. The norm past the warm-up is
 // the root mean square of the ranks' norms: the one process's exact norm
 // before it, at least that after.
@@ -413,6 +414,7 @@ TEST(OneBitAdam, ExactMomentumTrainsTheModelOfOneProcess) {
       c.train.grad_accum_steps = 4;  // 2 replicas x 4 micro-batches of 2: the same 16 sequences
       layouts.push_back({"dp=2 pp=2 ZeRO-" + std::to_string(zero), c});
     }
+
   for (const auto& [what, cfg] : layouts) {
     mpitest::RunResult got = mpitest::train_run(cfg, all);
     for (size_t s = 0; s < got.norms.size(); s++) {
@@ -424,6 +426,20 @@ TEST(OneBitAdam, ExactMomentumTrainsTheModelOfOneProcess) {
     }
     got.norms = want.norms;  // (checked above)
     mpitest::expect_same_run(got, want, what);
+  }
+  if (n == 2) {
+    // ZB-V: rank 0 holds the first and the last stage, so both copies of the
+    // tied embedding (one momentum formed and reduced, copied to the other);
+    // four layers for its four chunks. One data-parallel rank: the norm is
+    // the exact one too.
+    io::RunConfig c = onebit_adam_run("none", 0, 1);
+    c.model.n_layer = 4;
+    c.train.grad_accum_steps = 4;
+    const mpitest::RunResult alone = mpitest::train_run(c, mpitest::self());
+    c.parallel.pp = 2;
+    c.parallel.schedule = "zb-v";
+    c.parallel.virtual_stages = 2;
+    mpitest::expect_same_run(mpitest::train_run(c, all), alone, "pp=2 zb-v");
   }
 }
 
