@@ -675,18 +675,7 @@ void DataParallel::reduce_momentum(float grad_scale) {
         mu[i] = beta1 * mu[i] + (1.0f - beta1) * local * grad[i];
         grad[i] = mu[i] / n;
       }
-      if (ranks() == 1) continue;
-      const GroupShard& s = p.layout.group(g);
-      for (int64_t c = 0; c < s.chunks; c++) {
-        float* chunk = grad + c * s.chunk_numel();
-        const int64_t key = GradientReducer::key(p.key[g], c);
-        const std::string label = comm::chunk_label("momentum", group.name(), c, s.chunks);
-        if (stage() == 0) {
-          reducer_->all_reduce(key, chunk, s.slice, label);
-        } else {  // stage 1: this rank's slice summed where it belongs
-          reducer_->reduce_scatter(key, chunk, s.slice, grad + s.slice_begin(c), false, label);
-        }
-      }
+      if (ranks() > 1) reduce_chunks(p, g, "momentum", nullptr, false);  // (stages 0-1)
     }
   }
   stream_->wait_all();
@@ -834,22 +823,33 @@ void DataParallel::reduce_group(size_t j, size_t g) {
       t = reducer_->reduce_scatter_lowrank(key, grad, p.lowrank[g], s.chunks, k, shard, k, accumulate, label);
     }
   } else {
-    for (int64_t c = 0; c < s.chunks; c++) {
-      float* chunk = grad + c * s.chunk_numel();
-      const int64_t key = GradientReducer::key(p.key[g], c);
-      const std::string label = comm::chunk_label("grad", group.name(), c, s.chunks);
-      if (stage() == 0) {
-        reducer_->all_reduce(key, chunk, k, label);
-      } else if (stage() == 1) {
-        // This rank's slice summed where it belongs in the (whole) gradient buffer.
-        reducer_->reduce_scatter(key, chunk, k, grad + s.slice_begin(c), false, label);
-      } else {
-        // Stages 2-3: into this rank's gradient shard (added from the step's second backward on).
-        t = reducer_->reduce_scatter(key, chunk, k, shard + c * k, accumulate, label);
-      }
-    }
+    t = reduce_chunks(p, g, "grad", shard, accumulate);
   }
   if (stage() >= 2) pending_grad_releases_.push_back({t, j, g});
+}
+
+comm::CommStream::Ticket DataParallel::reduce_chunks(Part& p, size_t g, const char* what, float* shard,
+                                                     bool accumulate) {
+  model::ParamGroup& group = p.groups[g];
+  const GroupShard& s = p.layout.group(g);
+  float* grad = group.grad_storage();
+  const int64_t k = s.slice;
+  comm::CommStream::Ticket t = 0;
+  for (int64_t c = 0; c < s.chunks; c++) {
+    float* chunk = grad + c * s.chunk_numel();
+    const int64_t key = GradientReducer::key(p.key[g], c);
+    const std::string label = comm::chunk_label(what, group.name(), c, s.chunks);
+    if (stage() == 0) {
+      t = reducer_->all_reduce(key, chunk, k, label);
+    } else if (stage() == 1) {
+      // This rank's slice summed where it belongs in the (whole) gradient buffer.
+      t = reducer_->reduce_scatter(key, chunk, k, grad + s.slice_begin(c), false, label);
+    } else {
+      // Stages 2-3: into this rank's gradient shard (added from the step's second backward on).
+      t = reducer_->reduce_scatter(key, chunk, k, shard + c * k, accumulate, label);
+    }
+  }
+  return t;
 }
 
 // ---------------------------------------------------------------- checkpoints

@@ -287,6 +287,11 @@ class DataParallel {
   // square of the ranks' own (as the trainer reads the sum it returns).
   double local_grad_sum_squares();
   void reduce_group(size_t j, size_t g);
+  // Posts the reduction of group g's buffer chunk by chunk through the
+  // reducer (labelled `what`): all-reduce at stage 0, into this rank's slices
+  // at stage 1, into `shard` (added when `accumulate`) at stages 2-3. Returns
+  // the last chunk's ticket.
+  comm::CommStream::Ticket reduce_chunks(Part& p, size_t g, const char* what, float* shard, bool accumulate);
   void post_gather(size_t j, size_t g);
   void reap();
   // Where this rank's part of group g of part p lives for `array`
